@@ -1,0 +1,58 @@
+# The procedural demo dataset of tools/make_demo_data.py, in ADE20K's layout
+# and conventions (annotation 0 = ignore, reduce_zero_label=True).
+dataset_type = 'BaseSegDataset'
+data_root = 'data/demo_ade'
+metainfo = dict(
+    classes=('sky', 'ground', 'stripes', 'checker', 'dots'),
+    palette=[[70, 130, 180], [140, 100, 60], [220, 20, 60], [250, 170, 30],
+             [0, 180, 120]])
+crop_size = (96, 96)
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(
+        type='RandomResize',
+        scale=(96, 96),
+        ratio_range=(0.75, 1.5),
+        keep_ratio=True),
+    dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackSegInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(96, 96), keep_ratio=True),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='PackSegInputs')
+]
+_dataset = dict(
+    type=dataset_type,
+    data_root=data_root,
+    metainfo=metainfo,
+    img_suffix='.jpg',
+    seg_map_suffix='.png',
+    reduce_zero_label=True)
+train_dataloader = dict(
+    batch_size=8,
+    num_workers=2,
+    persistent_workers=True,
+    sampler=dict(type='InfiniteSampler', shuffle=True),
+    dataset=dict(
+        **_dataset,
+        data_prefix=dict(
+            img_path='images/training', seg_map_path='annotations/training'),
+        pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=1,
+    num_workers=2,
+    persistent_workers=True,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(
+        **_dataset,
+        data_prefix=dict(
+            img_path='images/validation',
+            seg_map_path='annotations/validation'),
+        pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
+test_evaluator = val_evaluator

@@ -1,0 +1,8 @@
+# MiTA twin of vit-mini8_upernet_1xb8-1k_demo-96x96.py: every layer uses
+# MiTA with a 4 x 4 landmark grid (m = 16) and k = 16 routed keys, so each
+# query sees 32 of the 145 tokens.
+_base_ = './vit-mini8_upernet_1xb8-1k_demo-96x96.py'
+model = dict(
+    backbone=dict(
+        type='MiTAViT',
+        mita_cfg=dict(pool_size=4, topk=16, layers='all', backend='auto')))

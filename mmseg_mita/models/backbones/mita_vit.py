@@ -1,0 +1,138 @@
+"""MiTA-ViT: mmseg's VisionTransformer with MiTA attention in chosen layers."""
+from typing import Optional, Sequence, Tuple
+
+import torch.nn.functional as F
+from mmcv.cnn.bricks.transformer import MultiheadAttention
+from mmseg.models.backbones import VisionTransformer
+from mmseg.registry import MODELS
+
+from mmseg_mita.ops import BACKENDS, mita_attention
+
+MITA_DEFAULTS = dict(pool_size=7, topk=49, layers='all', backend='auto')
+
+
+class MiTAMultiheadAttention(MultiheadAttention):
+    """mmcv's ``MultiheadAttention`` computing MiTA instead of full attention.
+
+    It owns the very same submodules (``attn.in_proj_*``, ``attn.out_proj``)
+    as the module it replaces, so state-dict keys are unchanged. With
+    ``mita=None`` it is plain full attention again.
+    """
+
+    def __init__(self, full: MultiheadAttention, num_extra_tokens: int,
+                 mita: Optional[dict]):
+        super().__init__(full.embed_dims, full.num_heads,
+                         batch_first=full.batch_first)
+        self.attn = full.attn
+        self.proj_drop = full.proj_drop
+        self.dropout_layer = full.dropout_layer
+        self.num_extra_tokens = num_extra_tokens
+        self.mita = mita
+        self.hw_shape: Optional[Tuple[int, int]] = None
+
+    def forward(self, query, identity=None, **kwargs):
+        if self.mita is None:
+            return super().forward(query, identity=identity, **kwargs)
+        if kwargs:
+            raise ValueError('MiTA attention is self-attention without masks '
+                             f'or positional inputs; got {sorted(kwargs)}')
+        x = query if self.batch_first else query.transpose(0, 1)
+        b, n, c = x.shape
+        mha = self.attn
+        qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
+        q, k, v = qkv.view(b, n, 3, self.num_heads,
+                           c // self.num_heads).permute(2, 0, 3, 1, 4)
+        out = mita_attention(
+            q, k, v, self.hw_shape,
+            num_extra_tokens=self.num_extra_tokens,
+            pool_size=self.mita['pool_size'],
+            topk=self.mita['topk'],
+            backend=self.mita['backend'],
+            dropout_p=mha.dropout if self.training else 0.0)
+        out = mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        identity = query if identity is None else identity
+        return identity + self.dropout_layer(self.proj_drop(out))
+
+
+def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int) -> Optional[dict]:
+    """Fill defaults and validate; returns None for full attention."""
+    if mita_cfg is None:
+        return None
+    unknown = set(mita_cfg) - set(MITA_DEFAULTS)
+    if unknown:
+        raise ValueError(f'mita_cfg has unknown keys {sorted(unknown)}; '
+                         f'valid keys are {sorted(MITA_DEFAULTS)}')
+    cfg = {**MITA_DEFAULTS, **mita_cfg}
+    topk = cfg['topk']
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f'mita_cfg.topk must be an int >= 1, got {topk!r}')
+    pool = cfg['pool_size']
+    pool = (pool, pool) if isinstance(pool, int) else tuple(pool)
+    if len(pool) != 2 or not all(isinstance(p, int) and p >= 1 for p in pool):
+        raise ValueError('mita_cfg.pool_size must be an int >= 1 or a pair '
+                         f'of them, got {cfg["pool_size"]!r}')
+    cfg['pool_size'] = pool
+    if cfg['backend'] not in BACKENDS:
+        raise ValueError(f'mita_cfg.backend must be one of {BACKENDS}, '
+                         f'got {cfg["backend"]!r}')
+    layers = cfg['layers']
+    if layers == 'all':
+        layers = list(range(num_layers))
+    elif isinstance(layers, int) or not isinstance(layers, Sequence) or \
+            not all(isinstance(i, int) for i in layers):
+        raise ValueError("mita_cfg.layers must be 'all' or a list of layer "
+                         f'indices, got {layers!r}')
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f'mita_cfg.layers {bad} are out of range for a '
+                         f'backbone with num_layers={num_layers} '
+                         f'(valid: 0..{num_layers - 1})')
+    cfg['layers'] = sorted(set(layers))
+    return cfg
+
+
+@MODELS.register_module()
+class MiTAViT(VisionTransformer):
+    """Vision Transformer with MiTA attention (arXiv 2602.01219).
+
+    Takes every argument of mmseg's ``VisionTransformer`` plus ``mita_cfg``:
+
+    - ``pool_size`` (int | (ph, pw)): landmark grid, ``m = ph * pw``;
+    - ``topk`` (int): keys per routed expert;
+    - ``layers``: ``'all'`` or a list of layer indices to use MiTA in; the
+      other layers keep full attention;
+    - ``backend``: ``'auto'``, ``'torch'`` or ``'flash'``.
+
+    ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
+    the state dict has mmseg's ViT keys and its checkpoints load unchanged;
+    :meth:`set_mita` changes m, k or the layers at any time (e.g. for
+    inference).
+    """
+
+    def __init__(self, *args, mita_cfg: Optional[dict] = MITA_DEFAULTS,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        num_extra_tokens = 1 if self.with_cls_token else 0
+        for layer in self.layers:
+            layer.attn = MiTAMultiheadAttention(layer.attn, num_extra_tokens,
+                                                None)
+        self.patch_embed.register_forward_hook(self._record_patch_grid)
+        self.set_mita(mita_cfg)
+
+    def set_mita(self, mita_cfg: Optional[dict]) -> None:
+        """Use MiTA with ``mita_cfg`` (see the class docstring), or full
+        attention everywhere with ``None``."""
+        cfg = parse_mita_cfg(mita_cfg, len(self.layers))
+        self.mita_cfg = cfg
+        for i, layer in enumerate(self.layers):
+            on = cfg is not None and i in cfg['layers']
+            layer.attn.mita = {
+                key: cfg[key] for key in ('pool_size', 'topk', 'backend')
+            } if on else None
+
+    def _record_patch_grid(self, module, inputs, outputs) -> None:
+        _, hw_shape = outputs
+        for layer in self.layers:
+            layer.attn.hw_shape = tuple(hw_shape)

@@ -1,0 +1,57 @@
+"""MiTA on flash-attn's public ``flash_attn_varlen_func`` (CUDA, fp16/bf16).
+
+Each global expert is one varlen "sequence": its routed queries attend to
+``[s R ; K_routed]`` with values ``[Vt ; V_routed]`` and softmax scale ``s``,
+which is exactly one softmax over the ``m`` compressed and ``k`` routed
+logits. One call, differentiable through flash-attn's own autograd.
+"""
+import importlib.util
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .routing import gather_routed, sort_by_expert
+
+
+@lru_cache(maxsize=None)
+def _flash_attn_installed() -> bool:
+    return importlib.util.find_spec('flash_attn') is not None
+
+
+def flash_attn_available() -> bool:
+    """flash-attn is importable and CUDA is present."""
+    return torch.cuda.is_available() and _flash_attn_installed()
+
+
+def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts,
+               dropout_p: float = 0.0) -> Tensor:
+    from flash_attn import flash_attn_varlen_func
+
+    b, h, n, d = q.shape
+    g = b * h
+    m = experts.landmarks.shape[1]
+    dtype = q.dtype
+    scale = d**-0.5
+    k_sel, v_sel = gather_routed(
+        k.reshape(g, n, d), v.reshape(g, n, d), experts.topk_index)
+    topk = k_sel.shape[1]
+    compressed_keys = (experts.landmarks * scale).to(dtype)
+    keys = torch.cat(
+        [compressed_keys.repeat_interleave(m, dim=0), k_sel], dim=1)
+    values = torch.cat([
+        experts.shared_values.to(dtype).repeat_interleave(m, dim=0), v_sel
+    ], dim=1)
+
+    order, _, counts = sort_by_expert(experts.expert, m)
+    cu_q = F.pad(torch.cumsum(counts, 0), (1, 0)).to(torch.int32)
+    cu_k = torch.arange(
+        g * m + 1, device=q.device, dtype=torch.int32) * (m + topk)
+    q_sorted = q.reshape(g * n, 1, d)[order]
+    out = flash_attn_varlen_func(
+        q_sorted, keys.reshape(-1, 1, d), values.reshape(-1, 1, d), cu_q,
+        cu_k, int(counts.max()), m + topk,
+        dropout_p=dropout_p, softmax_scale=scale)
+    out = torch.empty_like(out).index_copy(0, order, out)
+    return out.view(b, h, n, d)
