@@ -15,7 +15,9 @@ def _vit_pair(**mita_kwargs):
     vit.init_weights()
     mita = MiTAViT(**SMALL, **mita_kwargs)
     mita.load_state_dict(vit.state_dict(), strict=True)
-    return vit.eval(), mita.eval()
+    vit.eval()  # mmseg's ViT.train() returns None, so no chaining
+    mita.eval()
+    return vit, mita
 
 
 def test_state_dict_keys_are_mmseg_vit_keys():

@@ -1,0 +1,3 @@
+from .cbt_head import CBTHead
+
+__all__ = ['CBTHead']
