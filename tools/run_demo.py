@@ -40,13 +40,18 @@ def majority_class_miou(ann_dir: str, num_classes: int) -> float:
 
 
 def run(cmd):
+    """Run ``cmd`` from the repo root, streaming its output; return it."""
     print('+ ' + ' '.join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
+    lines = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
     if proc.returncode != 0:
         sys.exit(f'demo: `{" ".join(cmd)}` failed (exit {proc.returncode})')
-    return proc.stdout
+    return ''.join(lines)
 
 
 def main():

@@ -18,7 +18,9 @@ model = dict(
         num_heads=3,
         out_indices=(0, 1, 2, 3),
         drop_path_rate=0.0),
-    neck=dict(in_channels=[dims] * 4, out_channels=dims),
+    # patch 8 gives stride 8: scales 2..0.25 make the usual 4/8/16/32 pyramid
+    neck=dict(
+        in_channels=[dims] * 4, out_channels=dims, scales=[2, 1, 0.5, 0.25]),
     decode_head=dict(
         in_channels=[dims] * 4,
         channels=64,
