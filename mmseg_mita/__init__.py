@@ -5,6 +5,7 @@ config) registers the models and applies the stack workarounds of
 :mod:`mmseg_mita.compat`.
 """
 from . import compat
+from .datasets import *  # noqa: F401,F403
 from .models import *  # noqa: F401,F403
 from .ops import mita_attention
 

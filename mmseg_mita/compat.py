@@ -1,28 +1,100 @@
 """Workarounds for defects of the mmsegmentation 1.2.2 stack.
 
 Applied once when :mod:`mmseg_mita` is imported (configs import it through
-``custom_imports``), so users of mmseg's own tools never see them.
+``custom_imports``), so users of mmseg's own tools never see them. Each one
+leaves the CUDA code path as mmengine wrote it.
 
-* torch >= 2.6 defaults ``torch.load`` to ``weights_only=True``. mmengine
-  0.10.7 calls it without the argument, and its own checkpoints pickle the
-  message hub (``HistoryBuffer`` objects with numpy arrays and bound
-  methods, reached through ``getattr``), so ``tools/test.py``, ``--resume``
-  and ``load_from`` refuse every checkpoint mmengine wrote. Local checkpoint
-  files are loaded as mmengine was written to load them (full unpickling,
-  torch's behaviour before 2.6): as before, load only checkpoints you trust.
+* Checkpoints. torch >= 2.6 defaults ``torch.load`` to ``weights_only=True``.
+  mmengine 0.10.7 calls it without the argument, and its own checkpoints
+  pickle the message hub (``HistoryBuffer`` objects with numpy arrays and
+  bound methods, reached through ``getattr``), so ``tools/test.py``,
+  ``--resume`` and ``load_from`` refuse every checkpoint mmengine wrote.
+  Local checkpoint files are loaded as mmengine was written to load them
+  (full unpickling, torch's behaviour before 2.6): as before, load only
+  checkpoints you trust. A corrupt or truncated file is reported as such,
+  with its path and size, instead of torch's zip/pickle internals.
+* Distributed training without CUDA (``--launcher pytorch|slurm`` with the
+  gloo backend). mmengine's launchers call ``torch.cuda.set_device`` and
+  its runner gives ``MMDistributedDataParallel`` ``device_ids``; both are
+  fatal on a CPU machine. There, the device is not set, ``nccl`` (mmseg's
+  default ``env_cfg.dist_cfg``) falls back to ``gloo``, and modules whose
+  parameters are on the CPU are wrapped without ``device_ids``, which is
+  what torch's DDP requires for CPU modules.
+* ``--amp`` without CUDA. mmengine's ``AmpOptimWrapper`` asserts an
+  accelerator, although its ``autocast`` supports the CPU (bfloat16). On
+  CPU it autocasts to bfloat16 without loss scaling: bfloat16 has the
+  exponent range of float32, so gradients do not underflow.
+* Datasets. A missing image folder surfaces as a bare ``FileNotFoundError``
+  from ``os.scandir``, and an empty one makes ``InfiniteSampler`` loop
+  forever on zero indices. mmseg's datasets now fail at construction,
+  naming ``data_root`` and the folder.
 """
+import contextlib
+import functools
 import os.path as osp
+import pickle
+import zipfile
 
 import torch
+from mmengine.device import get_device
+from mmengine.dist import utils as dist_utils
+from mmengine.logging import print_log
+from mmengine.model import MMDistributedDataParallel
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.runner.checkpoint import CheckpointLoader
+from mmseg.datasets import BaseSegDataset
+
+_PATCHED = '_mmseg_mita_patched'
+
+
+def _patch(owner, name: str, make_wrapper) -> None:
+    """Replace ``owner.name`` by ``make_wrapper(original)``, once."""
+    original = getattr(owner, name)
+    if getattr(original, _PATCHED, False):
+        return
+    wrapper = functools.wraps(original)(make_wrapper(original))
+    setattr(wrapper, _PATCHED, True)
+    setattr(owner, name, wrapper)
+
+
+# --- checkpoints -----------------------------------------------------------
 
 
 def load_local_checkpoint(filename, map_location=None):
-    """mmengine's local-file checkpoint loader, with the pre-2.6 default."""
+    """mmengine's local-file checkpoint loader, with the pre-2.6 default and
+    a clear error for files that are not complete checkpoints."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
-    return torch.load(filename, map_location=map_location, weights_only=False)
+    try:
+        return torch.load(
+            filename, map_location=map_location, weights_only=False)
+    except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
+        if not _is_damaged(filename, e):
+            raise
+        raise ValueError(
+            f'checkpoint {filename} ({osp.getsize(filename)} bytes) is '
+            'corrupt or truncated, e.g. by an interrupted download, copy or '
+            f'save ({type(e).__name__}: {e}). Download, convert or save it '
+            'again; to resume from an earlier checkpoint instead, add '
+            '`--cfg-options load_from=PATH` to `--resume`.') from e
+
+
+def _is_damaged(filename: str, error: Exception) -> bool:
+    """Whether ``torch.load`` failed because the file itself is broken."""
+    try:
+        with open(filename, 'rb') as f:
+            magic = f.read(4)
+        if magic == b'PK\x03\x04':  # torch's zip format: check every CRC
+            with zipfile.ZipFile(filename) as archive:
+                return archive.testzip() is not None
+    except zipfile.BadZipFile:  # e.g. truncated: no central directory
+        return True
+    except OSError:
+        return False
+    # torch's legacy format (a pickle stream) or no checkpoint at all
+    return isinstance(error, (pickle.UnpicklingError, EOFError)) or \
+        'EOF' in str(error)
 
 
 def allow_mmengine_checkpoints() -> None:
@@ -30,5 +102,128 @@ def allow_mmengine_checkpoints() -> None:
         prefixes='', loader=load_local_checkpoint, force=True)
 
 
+# --- distributed training without CUDA -------------------------------------
+
+
+@contextlib.contextmanager
+def _cuda_set_device_skipped():
+    """``torch.cuda.set_device`` as a no-op (there is no device to set)."""
+    set_device = torch.cuda.set_device
+    torch.cuda.set_device = lambda device: None
+    try:
+        yield
+    finally:
+        torch.cuda.set_device = set_device
+
+
+def _cpu_launcher(init):
+    """Run an mmengine launcher (``_init_dist_pytorch``/``_slurm``) on a
+    machine without any accelerator."""
+
+    def wrapper(backend, *args, **kwargs):
+        if get_device() != 'cpu':
+            return init(backend, *args, **kwargs)
+        if backend == 'nccl':
+            print_log(
+                "No CUDA device: distributed backend 'nccl' replaced by "
+                "'gloo' (set env_cfg.dist_cfg.backend='gloo' to silence "
+                'this)',
+                logger='current')
+            backend = 'gloo'
+        with _cuda_set_device_skipped():
+            return init(backend, *args, **kwargs)
+
+    return wrapper
+
+
+def _cpu_ddp(init):
+    """``MMDistributedDataParallel.__init__`` dropping ``device_ids`` for a
+    module on the CPU (torch's DDP accepts none there)."""
+
+    def wrapper(self, module, *args, **kwargs):
+        if kwargs.get('device_ids') is not None and all(
+                p.device.type == 'cpu' for p in module.parameters()):
+            kwargs['device_ids'] = None
+        init(self, module, *args, **kwargs)
+
+    return wrapper
+
+
+def allow_cpu_distributed() -> None:
+    _patch(dist_utils, '_init_dist_pytorch', _cpu_launcher)
+    _patch(dist_utils, '_init_dist_slurm', _cpu_launcher)
+    _patch(MMDistributedDataParallel, '__init__', _cpu_ddp)
+
+
+# --- mixed precision without CUDA ------------------------------------------
+
+
+def _cpu_amp(init):
+    """``AmpOptimWrapper.__init__`` that works without an accelerator:
+    bfloat16 autocast, no loss scaling."""
+
+    def wrapper(self, loss_scale='dynamic', dtype=None, use_fsdp=False,
+                **kwargs):
+        if get_device() != 'cpu':
+            return init(self, loss_scale, dtype, use_fsdp, **kwargs)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, dtype)
+        if dtype not in (None, torch.bfloat16):
+            raise ValueError(
+                f'optim_wrapper.dtype={dtype} is not available without '
+                "CUDA: CPU autocast computes in bfloat16; drop dtype or set "
+                "dtype='bfloat16'")
+        OptimWrapper.__init__(self, **kwargs)
+        self._scale_update_param = None
+        # A disabled scaler: scale/unscale_/update do nothing, step() steps.
+        self.loss_scaler = torch.amp.GradScaler('cpu', enabled=False)
+        self.cast_dtype = torch.bfloat16
+
+    return wrapper
+
+
+def allow_cpu_amp() -> None:
+    _patch(AmpOptimWrapper, '__init__', _cpu_amp)
+
+
+# --- datasets --------------------------------------------------------------
+
+
+def _checked_load_data_list(load_data_list):
+    """``BaseSegDataset.load_data_list`` failing clearly on a missing or
+    empty image folder."""
+
+    def wrapper(self):
+        img_dir = self.data_prefix.get('img_path')
+        where = (f'data_root={self.data_root!r}, data_prefix.img_path='
+                 f'{img_dir!r}' + (f', ann_file={self.ann_file!r}'
+                                   if self.ann_file else ''))
+        fix = ('Point data_root at the dataset, e.g. `--cfg-options '
+               'train_dataloader.dataset.data_root=PATH '
+               'val_dataloader.dataset.data_root=PATH '
+               'test_dataloader.dataset.data_root=PATH`, or create it (the '
+               'demo data: `python tools/make_demo_data.py PATH`)')
+        try:
+            data_list = load_data_list(self)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f'{type(self).__name__}: the dataset folder does not exist '
+                f'({where}; {e}). {fix}') from e
+        if not data_list:
+            raise ValueError(
+                f'{type(self).__name__}: found no images ending in '
+                f'{self.img_suffix!r} ({where}). {fix}')
+        return data_list
+
+    return wrapper
+
+
+def check_seg_datasets() -> None:
+    _patch(BaseSegDataset, 'load_data_list', _checked_load_data_list)
+
+
 def apply() -> None:
     allow_mmengine_checkpoints()
+    allow_cpu_distributed()
+    allow_cpu_amp()
+    check_seg_datasets()

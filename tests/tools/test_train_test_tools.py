@@ -4,39 +4,12 @@ import json
 import math
 import os.path as osp
 import re
-import subprocess
-import sys
 
 import pytest
 
-CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
-
-
-def _data_opts(data_root, iters=4):
-    opts = [
-        f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
-        f'default_hooks.checkpoint.interval={iters // 2}',
-        'default_hooks.logger.interval=1',
-        'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
-        f'param_scheduler.1.end={iters}',
-        'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
-        'train_dataloader.persistent_workers=False',
-        'val_dataloader.num_workers=0',
-        'val_dataloader.persistent_workers=False',
-        'test_dataloader.num_workers=0',
-        'test_dataloader.persistent_workers=False'
-    ]
-    for split in ('train', 'val', 'test'):
-        opts.append(f'{split}_dataloader.dataset.data_root={data_root}')
-    return opts
-
-
-def _run(repo_root, args):
-    proc = subprocess.run([sys.executable] + args, cwd=repo_root,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return proc.stdout
+from helpers import DEMO_CONFIG as CONFIG
+from helpers import data_opts as _data_opts
+from helpers import run_python as _run
 
 
 @pytest.fixture(scope='module')

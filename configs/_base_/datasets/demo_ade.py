@@ -7,9 +7,13 @@ metainfo = dict(
     palette=[[70, 130, 180], [140, 100, 60], [220, 20, 60], [250, 170, 30],
              [0, 180, 120]])
 crop_size = (96, 96)
+# CheckSegMap (mmseg_mita): clear errors for annotations that do not match
+# their image's size or hold labels outside the classes.
+check_seg_map = dict(type='CheckSegMap', num_classes=len(metainfo['classes']))
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', reduce_zero_label=True),
+    check_seg_map,
     dict(
         type='RandomResize',
         scale=(96, 96),
@@ -23,7 +27,27 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(96, 96), keep_ratio=True),
     dict(type='LoadAnnotations', reduce_zero_label=True),
+    check_seg_map,
     dict(type='PackSegInputs')
+]
+# `tools/test.py ... --tta`: 3 scales x (no flip, flip), averaged by mmseg's
+# SegTTAModel.
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(
+        type='TestTimeAug',
+        transforms=[
+            [
+                dict(type='Resize', scale_factor=r, keep_ratio=True)
+                for r in (0.75, 1.0, 1.25)
+            ],
+            [
+                dict(type='RandomFlip', prob=0., direction='horizontal'),
+                dict(type='RandomFlip', prob=1., direction='horizontal')
+            ],
+            [dict(type='LoadAnnotations', reduce_zero_label=True)],
+            [dict(type='PackSegInputs')],
+        ])
 ]
 _dataset = dict(
     type=dataset_type,

@@ -7,6 +7,7 @@ from mmseg.models.backbones import VisionTransformer
 from mmseg.registry import MODELS
 
 from mmseg_mita.ops import BACKENDS, mita_attention
+from .state_dict_check import check_state_dict_fits
 
 MITA_DEFAULTS = dict(pool_size=7, topk=49, layers='all', backend='auto')
 
@@ -131,6 +132,34 @@ class MiTAViT(VisionTransformer):
             layer.attn.mita = {
                 key: cfg[key] for key in ('pool_size', 'topk', 'backend')
             } if on else None
+
+    def init_weights(self):
+        """mmseg's ViT initialisation; pretrained weights that do not fit
+        (another depth or width, missing keys) raise ``ValueError``
+        instead of being skipped with a warning."""
+        if not (isinstance(self.init_cfg, dict) and self.init_cfg.get('type')
+                in ('Pretrained', 'Pretrained_Part')):
+            return super().init_weights()
+
+        # Check exactly what mmseg loads: its key selection, pos_embed resized
+        def check(state_dict, prefix, *args):
+            check_state_dict_fits(self, state_dict,
+                                  str(self.init_cfg['checkpoint']))
+
+        handle = self._register_load_state_dict_pre_hook(check)
+        try:
+            super().init_weights()
+        finally:
+            handle.remove()
+
+    def forward(self, inputs):
+        size = tuple(inputs.shape[-2:])
+        if min(size) < self.patch_size:
+            raise ValueError(
+                f'input image of size {size} is smaller than one patch '
+                f'(patch_size={self.patch_size}); resize or pad images to at '
+                f'least {self.patch_size} x {self.patch_size} pixels')
+        return super().forward(inputs)
 
     def _record_patch_grid(self, module, inputs, outputs) -> None:
         _, hw_shape = outputs

@@ -1,0 +1,3 @@
+from .transforms import CheckSegMap
+
+__all__ = ['CheckSegMap']

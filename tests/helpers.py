@@ -1,0 +1,67 @@
+"""Helpers shared by the tests that run mmseg's tools in a subprocess."""
+import os
+import os.path as osp
+import subprocess
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO_CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
+
+
+def data_opts(data_root, iters=4):
+    """``--cfg-options`` shrinking the demo config to ``iters`` iterations
+    (checkpoints every ``iters // 2``) of batch 2 on ``data_root``, without
+    dataloader workers."""
+    opts = [
+        f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
+        f'default_hooks.checkpoint.interval={iters // 2}',
+        'default_hooks.logger.interval=1',
+        'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
+        f'param_scheduler.1.end={iters}',
+        'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+        'val_dataloader.num_workers=0',
+        'val_dataloader.persistent_workers=False',
+        'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False'
+    ]
+    for split in ('train', 'val', 'test'):
+        opts.append(f'{split}_dataloader.dataset.data_root={data_root}')
+    return opts
+
+
+def run(repo_root, cmd, returncode=0, env=None):
+    """Run ``cmd`` in the repository with ``env`` added to the environment;
+    asserts its exit status (a negative one: killed by that signal) and
+    returns its combined output."""
+    proc = subprocess.run(cmd, cwd=repo_root, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == returncode, proc.stdout[-4000:]
+    return proc.stdout
+
+
+def run_python(repo_root, args, **kwargs):
+    """``run`` with this interpreter: ``python ARGS``."""
+    return run(repo_root, [sys.executable] + args, **kwargs)
+
+
+def probe_config(tmp_path, **probe_args):
+    """A config file: the demo config with ``train_probe.TrainProbeHook``
+    (run it with ``PROBE_ENV`` in the environment)."""
+    path = tmp_path / 'probe_config.py'
+    path.write_text(
+        f'_base_ = {osp.join(ROOT, DEMO_CONFIG)!r}\n'
+        "custom_imports = dict(imports=['mmseg_mita', 'train_probe'], "
+        'allow_failed_imports=False)\n'
+        f'custom_hooks = [dict(type=\'TrainProbeHook\', **{probe_args!r})]\n')
+    return str(path)
+
+
+# lets training subprocesses import train_probe
+PROBE_ENV = {
+    'PYTHONPATH':
+    os.pathsep.join(
+        filter(None, [osp.dirname(osp.abspath(__file__)),
+                      os.environ.get('PYTHONPATH')]))
+}

@@ -1,0 +1,66 @@
+"""An interrupted run resumed with --resume ends where an uninterrupted run
+ends: same iteration, parameters, optimizer state and learning rate."""
+import os.path as osp
+import signal
+
+import pytest
+import torch
+
+from helpers import PROBE_ENV, data_opts, probe_config, run_python
+
+
+def _train(repo_root, config, work_dir, data_root, *args, options=(),
+           returncode=0):
+    return run_python(
+        repo_root, ['tools/train.py', config, '--work-dir', work_dir] +
+        list(args) + ['--cfg-options'] + data_opts(data_root) +
+        ['randomness.seed=0', 'randomness.deterministic=True'] +
+        # mmengine does not checkpoint RNG states: dropout masks drawn after
+        # a resume differ from the uninterrupted run's (docs/training.md)
+        ['model.decode_head.dropout_ratio=0',
+         'model.auxiliary_head.dropout_ratio=0'] + list(options),
+        returncode=returncode, env=PROBE_ENV)
+
+
+@pytest.fixture(scope='module')
+def runs(repo_root, demo_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp('resume')
+    config = probe_config(tmp)
+    straight, broken = str(tmp / 'straight'), str(tmp / 'interrupted')
+    _train(repo_root, config, straight, demo_data)
+    # SIGKILL before iteration 3 runs, i.e. after iter_2.pth was saved
+    _train(repo_root, config, broken, demo_data,
+           options=['custom_hooks.0.kill_at_iter=2'],
+           returncode=-signal.SIGKILL)
+    interrupted = sorted(p for p in ('iter_2.pth', 'iter_4.pth')
+                         if osp.isfile(osp.join(broken, p)))
+    out = _train(repo_root, config, broken, demo_data, '--resume')
+    return out, interrupted, *(torch.load(
+        osp.join(d, 'iter_4.pth'), weights_only=False)
+                               for d in (straight, broken))
+
+
+def test_interrupted_run_stopped_after_its_checkpoint(runs):
+    out, interrupted, _, _ = runs
+    assert interrupted == ['iter_2.pth']
+    assert 'resumed epoch: 0, iter: 2' in out
+
+
+def test_resumed_equals_uninterrupted(runs):
+    _, _, straight, resumed = runs
+    assert straight['meta']['iter'] == resumed['meta']['iter'] == 4
+    assert straight['state_dict'].keys() == resumed['state_dict'].keys()
+    for key, value in straight['state_dict'].items():
+        assert torch.equal(value, resumed['state_dict'][key]), key
+    a, b = straight['optimizer'], resumed['optimizer']
+    assert a['param_groups'] == b['param_groups']  # lr, betas, ...
+    assert a['state'].keys() == b['state'].keys()
+    for i, state in a['state'].items():
+        for name, value in state.items():
+            assert torch.equal(value, b['state'][i][name]), (i, name)
+    assert straight['param_schedulers'] == resumed['param_schedulers']
+    # the logged history (restored up to iteration 2, then appended)
+    for key in ('train/lr', 'train/loss'):
+        history = [c['message_hub']['log_scalars'][key].data[0]
+                   for c in (straight, resumed)]
+        assert history[0].tolist() == history[1].tolist(), key
