@@ -1,4 +1,4 @@
-"""FLOPs and parameters of a segmentor, with attention counted honestly.
+"""FLOPs and parameters of a segmentor, attention included.
 
 mmengine's ``FlopAnalyzer`` traces the inference path (backbone, neck,
 decode head; no auxiliary head, no final resize to the image, as mmseg's
@@ -25,10 +25,11 @@ ATTENTION_MODULES = (MultiheadAttention, nn.MultiheadAttention)
 @contextlib.contextmanager
 def mita_as_one_op() -> Iterator[Dict[str, int]]:
     """Within the context, MiTA-ViT layers run MiTA through the traced op
-    ``mmseg_mita_flops::mita_attention`` (same results), and torch's fused
-    ``nn.MultiheadAttention`` fast path is off, so that attention appears
-    in a trace as ops the handles count. Yields ``{'calls': n}``, the number
-    of MiTA calls made inside."""
+    ``mmseg_mita_flops::mita_attention`` (same results; the function that
+    ``MiTAMultiheadAttention`` calls is swapped, and restored on exit), and
+    torch's fused ``nn.MultiheadAttention`` fast path is off, so that
+    attention appears in a trace as ops the handles count. Yields
+    ``{'calls': n}``, the number of MiTA calls made inside."""
     calls = {'calls': 0}
 
     def counted(*args, **kwargs):
@@ -100,6 +101,9 @@ def segmentor_complexity(segmentor: nn.Module,
     if len(shape) != 2 or not all(isinstance(s, int) and s > 0
                                   for s in shape):
         raise ValueError(f'shape must be (H, W) positive ints, got {shape!r}')
+    if segmentor.training:
+        raise ValueError('segmentor is in training mode: call '
+                         'segmentor.eval() first (inference is counted)')
     path = _InferencePath(segmentor)
     inputs = (torch.randn(1, 3, *shape), )
     with mita_as_one_op() as mita_calls, torch.no_grad():

@@ -136,13 +136,20 @@ class CBTHead(BaseDecodeHead):
                             ('head_dims', head_dims)):
             _positive_int(value, name)
         pool_size = _pool_pair(pool_size)
-        kwargs.setdefault('dropout_ratio', 0.0)
+        if kwargs.setdefault('dropout_ratio', 0.0):
+            raise ValueError('CBTHead applies no dropout: leave dropout_ratio '
+                             f'out or 0, got {kwargs["dropout_ratio"]!r}')
         kwargs.setdefault('init_cfg', [
             dict(type='TruncNormal', std=init_std, layer='Linear'),
             dict(type='Constant', val=1.0, bias=0.0, layer='LayerNorm')
         ])
         super().__init__(in_channels=in_channels, channels=in_channels,
                          **kwargs)
+        if self.out_channels != self.num_classes:
+            raise ValueError(
+                'CBTHead predicts one mask per class: out_channels must '
+                f'equal num_classes, got out_channels={self.out_channels}, '
+                f'num_classes={self.num_classes}')
         del self.conv_seg  # the masks come from the class tokens
         self.class_tokens = nn.Parameter(
             nn.init.trunc_normal_(
@@ -156,7 +163,7 @@ class CBTHead(BaseDecodeHead):
 
     def forward(self, inputs) -> Tensor:
         x = self._transform_inputs(inputs)
-        b, c, h, w = x.shape
+        b, _, h, w = x.shape
         tokens = torch.cat(
             [x.flatten(2).transpose(1, 2),
              self.class_tokens.expand(b, -1, -1)], dim=1)

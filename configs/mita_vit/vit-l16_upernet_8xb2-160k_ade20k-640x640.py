@@ -1,0 +1,54 @@
+# ViT-L/16 + MultiLevelNeck + UPerNet on ADE20K 640 x 640 with
+# sliding-window inference, full attention (twin of
+# mita-vit-l16_upernet_8xb2-160k_ade20k-640x640.py); mmseg's ViT UPerNet
+# recipe as in vit-b16_upernet_8xb2-160k_ade20k-512x512.py.
+_base_ = [
+    '../_base_/models/vit_mln_upernet.py',
+    'mmseg::_base_/datasets/ade20k_640x640.py', '../_base_/default_runtime.py',
+    'mmseg::_base_/schedules/schedule_160k.py'
+]
+crop_size = (640, 640)
+dims = 1024
+model = dict(
+    data_preprocessor=dict(size=crop_size, mean=[127.5] * 3, std=[127.5] * 3),
+    backbone=dict(
+        img_size=crop_size,
+        embed_dims=dims,
+        num_layers=24,
+        num_heads=16,
+        out_indices=(5, 11, 17, 23),
+        patch_bias=True,
+        final_norm=True,
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='pretrain/vit-l16_augreg-384_mmseg.pth')),
+    neck=dict(in_channels=[dims] * 4, out_channels=dims),
+    decode_head=dict(in_channels=[dims] * 4),
+    auxiliary_head=dict(in_channels=dims),
+    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(608, 608)))
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(
+        type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg=dict(
+        custom_keys={
+            'pos_embed': dict(decay_mult=0.),
+            'cls_token': dict(decay_mult=0.),
+            'norm': dict(decay_mult=0.)
+        }))
+param_scheduler = [
+    dict(
+        type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0,
+        end=1500),
+    dict(
+        type='PolyLR',
+        eta_min=0.0,
+        power=1.0,
+        begin=1500,
+        end=160000,
+        by_epoch=False)
+]
+train_dataloader = dict(batch_size=2)
+val_dataloader = dict(batch_size=1)
+test_dataloader = val_dataloader

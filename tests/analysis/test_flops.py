@@ -1,0 +1,199 @@
+"""Attention FLOPs against their closed forms (one multiply-add = 1 FLOP)."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from mmseg.models.backbones import VisionTransformer
+from mmseg.registry import MODELS
+
+from mmseg_mita.analysis import (attention_flops, flop_analyzer,
+                                 mita_as_one_op, segmentor_complexity)
+from mmseg_mita.models import MiTAViT
+from mmseg_mita.models.backbones import mita_vit
+
+DEMO = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
+
+
+def full_attention_closed_form(b, n, c):
+    return b * (n * n * c + n * n * c)  # Q K^T, then A V
+
+
+def mita_closed_form(b, n, c, m, k):
+    k = min(k, n)
+    return b * c * (
+        m * n      # R K^T: top-k selection and shared-expert logits
+        + m * n    # softmax(s R K^T) V: shared-expert values
+        + m * n    # R Q^T: routing, reused as the compressed logits
+        + n * k    # q . K_t over the k routed keys of each query
+        + n * (m + k))  # weighted sum of the m + k values of each query
+
+
+class OneLayer(nn.Module):
+    """Layer 0 of a ViT on ``[B, N, C]`` tokens of an ``hw`` grid."""
+
+    def __init__(self, vit, hw):
+        super().__init__()
+        self.layer = vit.layers[0]
+        self.layer.attn.hw_shape = hw
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def _layer_counts(vit, b, hw, c):
+    model = OneLayer(vit, hw).eval()
+    x = torch.randn(b, 1 + hw[0] * hw[1], c)
+    with mita_as_one_op() as calls, torch.no_grad():
+        analyzer = flop_analyzer(model, (x, ))
+        analyzer.total()
+    return attention_flops(analyzer, model), analyzer, calls['calls']
+
+
+SMALL = dict(img_size=(64, 64), patch_size=8, embed_dims=48, num_layers=1,
+             num_heads=3)
+
+
+@pytest.mark.parametrize('b,hw', [(1, (8, 8)), (2, (5, 7))])
+def test_full_attention_layer(b, hw):
+    n = 1 + hw[0] * hw[1]
+    for vit in (VisionTransformer(**SMALL), MiTAViT(**SMALL, mita_cfg=None)):
+        count, analyzer, calls = _layer_counts(vit, b, hw, 48)
+        assert count == full_attention_closed_form(b, n, 48)
+        assert count == 2 * b * n**2 * 48
+        assert calls == 0
+        # the projections are linear, outside the attention part
+        assert analyzer.by_operator()['linear'] > 0
+
+
+@pytest.mark.parametrize('b,hw,pool,topk', [(1, (8, 8), 4, 16),
+                                            (2, (5, 7), (2, 3), 9),
+                                            (1, (4, 4), 2, 100)])
+def test_mita_layer(b, hw, pool, topk):
+    n = 1 + hw[0] * hw[1]
+    m = pool * pool if isinstance(pool, int) else pool[0] * pool[1]
+    vit = MiTAViT(**SMALL, mita_cfg=dict(pool_size=pool, topk=topk))
+    count, analyzer, calls = _layer_counts(vit, b, hw, 48)
+    assert calls == 1
+    assert count == mita_closed_form(b, n, 48, m, topk)
+    # the landmark pooling is counted, outside the attention part
+    assert analyzer.by_operator()['mita_landmark_pool'] == \
+        b * 48 * hw[0] * hw[1]
+
+
+def test_mita_paper_setting_cost_ratio():
+    # ViT-S at 512 x 512: N = 1025, C = 384, m = k = 49.
+    n, c = 1025, 384
+    ratio = mita_closed_form(1, n, c, 49, 49) / full_attention_closed_form(
+        1, n, c)
+    assert ratio == pytest.approx(6 * 49 / (2 * n))
+
+
+def test_counted_op_gives_the_same_output():
+    torch.manual_seed(0)
+    vit = MiTAViT(**SMALL, mita_cfg=dict(pool_size=3, topk=5))
+    vit.eval()  # mmseg's ViT.train() returns None
+    x = torch.randn(2, 3, 64, 40)
+    expected = vit(x)[-1]
+    with mita_as_one_op() as calls:
+        got = vit(x)[-1]
+    assert calls['calls'] == 1
+    torch.testing.assert_close(got, expected)
+    assert mita_vit.mita_attention.__module__ == \
+        'mmseg_mita.ops.mita_attention'  # restored
+
+
+class SDPA(nn.Module):
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_sdpa_handle():
+    q = torch.randn(2, 3, 10, 8)
+    k, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 5)
+    analyzer = flop_analyzer(SDPA(), (q, k, v))
+    assert analyzer.total() == 2 * 3 * 10 * 7 * (8 + 5)
+
+
+def test_masked_torch_attention_counts_baddbmm():
+    mha = nn.MultiheadAttention(24, 2).eval()
+    n, b = 9, 2
+    x = torch.randn(n, b, 24)
+    mask = torch.zeros(n, n)
+
+    class Masked(nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.attn = mha
+
+        def forward(self, x):
+            return self.attn(x, x, x, attn_mask=mask)[0]
+
+    model = Masked()
+    with mita_as_one_op(), torch.no_grad():
+        analyzer = flop_analyzer(model, (x, ))
+        assert attention_flops(analyzer, model) == \
+            full_attention_closed_form(b, n, 24)
+
+
+@pytest.fixture(scope='module')
+def demo_pair(repo_root):
+    init_default_scope('mmseg')
+    models = []
+    for path in (DEMO, DEMO.replace('mita-vit', 'vit')):
+        cfg = Config.fromfile(f'{repo_root}/{path}')
+        torch.manual_seed(0)
+        models.append(MODELS.build(cfg.model).eval())
+    return models
+
+
+def test_segmentor_parts(demo_pair):
+    mita, full = (segmentor_complexity(m, (96, 96)) for m in demo_pair)
+    n, c, layers = 1 + 12 * 12, 96, 4  # patch 8, 96 dims
+    assert full['attention_flops'] == layers * 2 * n * n * c
+    assert mita['attention_flops'] == layers * mita_closed_form(
+        1, n, c, 16, 16)
+    for r in (mita, full):
+        assert r['flops'] == (r['backbone_flops'] + r['neck_flops'] +
+                              r['decode_head_flops'])
+    # the two differ by their attention (and MiTA's landmark pooling) only
+    pooling = layers * c * 12 * 12
+    assert full['flops'] - full['attention_flops'] == \
+        mita['flops'] - mita['attention_flops'] - pooling
+    assert mita['params'] == full['params']
+    assert mita['auxiliary_head_params'] > 0
+
+
+def test_segmentor_must_be_in_eval_mode(demo_pair):
+    model = demo_pair[0]
+    model.train()
+    try:
+        with pytest.raises(ValueError, match=r'segmentor.eval\(\)'):
+            segmentor_complexity(model, (96, 96))
+    finally:
+        model.eval()
+
+
+def test_get_flops_json(repo_root, tmp_path):
+    out = tmp_path / 'flops.json'
+    proc = subprocess.run(
+        [sys.executable, 'tools/get_flops.py', DEMO, '--shape', '96', '80',
+         '--json', str(out), '--markdown'], cwd=repo_root,
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    row = proc.stdout.splitlines()[-1].split(' | ')
+    assert row[1:3] == ['96x80', f'{result["flops"] / 1e9:.2f}']
+    assert result['shape'] == [96, 80]
+    for key in ('flops', 'backbone_flops', 'attention_flops',
+                'decode_head_flops', 'params'):
+        assert isinstance(result[key], int) and result[key] > 0, key
+    n = 1 + 12 * 10
+    assert result['attention_flops'] == 4 * mita_closed_form(1, n, 96, 16, 16)
