@@ -69,6 +69,20 @@ def test_no_nan_with_large_logits():
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
 
 
+def test_float32_inputs_under_autocast():
+    # q, k, v made outside the autocast region stay float32 while the op's
+    # own matmuls run in bfloat16: the op must compute in one dtype.
+    _, _, (q, k, v) = _qkv()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = mita_attention(q, k, v, HW, pool_size=4, topk=N)
+    ref = mita_attention(q, k, v, HW, pool_size=4, topk=N)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all()
+               for g in grads)
+
+
 def test_backbone_under_autocast():
     torch.manual_seed(0)
     model = MiTAViT(img_size=(96, 96), patch_size=8, embed_dims=96,

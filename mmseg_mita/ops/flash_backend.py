@@ -25,6 +25,21 @@ def flash_attn_available() -> bool:
     return torch.cuda.is_available() and _flash_attn_installed()
 
 
+def expert_key_sets(k: Tensor, v: Tensor, experts) -> tuple:
+    """Keys ``[s R ; K_routed]`` and values ``[Vt ; V_routed]`` of every
+    global expert, [G * m, m + k, d] each (the m shared keys are repeated
+    per expert: m * (m + k) rows per group, independent of N)."""
+    g, n, d = k.shape
+    m = experts.landmarks.shape[1]
+    k_sel, v_sel = gather_routed(k, v, experts.topk_index)
+    shared_keys = (experts.landmarks * d**-0.5).to(k.dtype)
+    keys = torch.cat([shared_keys.repeat_interleave(m, dim=0), k_sel], dim=1)
+    values = torch.cat([
+        experts.shared_values.to(v.dtype).repeat_interleave(m, dim=0), v_sel
+    ], dim=1)
+    return keys, values
+
+
 def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts,
                dropout_p: float = 0.0) -> Tensor:
     from flash_attn import flash_attn_varlen_func
@@ -32,26 +47,18 @@ def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts,
     b, h, n, d = q.shape
     g = b * h
     m = experts.landmarks.shape[1]
-    dtype = q.dtype
-    scale = d**-0.5
-    k_sel, v_sel = gather_routed(
-        k.reshape(g, n, d), v.reshape(g, n, d), experts.topk_index)
-    topk = k_sel.shape[1]
-    compressed_keys = (experts.landmarks * scale).to(dtype)
-    keys = torch.cat(
-        [compressed_keys.repeat_interleave(m, dim=0), k_sel], dim=1)
-    values = torch.cat([
-        experts.shared_values.to(dtype).repeat_interleave(m, dim=0), v_sel
-    ], dim=1)
+    keys, values = expert_key_sets(k.reshape(g, n, d), v.reshape(g, n, d),
+                                   experts)
+    keys_per_expert = keys.shape[1]
 
     order, _, counts = sort_by_expert(experts.expert, m)
     cu_q = F.pad(torch.cumsum(counts, 0), (1, 0)).to(torch.int32)
     cu_k = torch.arange(
-        g * m + 1, device=q.device, dtype=torch.int32) * (m + topk)
-    q_sorted = q.reshape(g * n, 1, d)[order]
+        g * m + 1, device=q.device, dtype=torch.int32) * keys_per_expert
+    q_sorted = q.reshape(g * n, d).index_select(0, order)
     out = flash_attn_varlen_func(
-        q_sorted, keys.reshape(-1, 1, d), values.reshape(-1, 1, d), cu_q,
-        cu_k, int(counts.max()), m + topk,
-        dropout_p=dropout_p, softmax_scale=scale)
-    out = torch.empty_like(out).index_copy(0, order, out)
+        q_sorted.unsqueeze(1), keys.reshape(-1, 1, d),
+        values.reshape(-1, 1, d), cu_q, cu_k, int(counts.max()),
+        keys_per_expert, dropout_p=dropout_p, softmax_scale=d**-0.5)
+    out = torch.empty_like(q_sorted).index_copy(0, order, out.squeeze(1))
     return out.view(b, h, n, d)

@@ -34,7 +34,8 @@ class MiTAExperts(NamedTuple):
 
     Shapes use ``G = B * num_heads`` flattened groups:
     ``landmarks`` [G, m, d]; ``shared_values`` (Vt) [G, m, d];
-    ``route_logits`` (R . q, unscaled) [G, m, N];
+    ``route_logits`` [G, N, m]: ``s^2 q . R``, the compressed logits (the
+    argmax over m routes each query: the scale does not change it);
     ``expert`` (argmax routing) [G, N]; ``topk_index`` [G, m, k].
     """
     landmarks: Tensor
@@ -114,10 +115,10 @@ def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
     landmarks = landmarks.transpose(1, 2)  # [G, m, d]
     key_logits = landmarks @ k.transpose(1, 2)  # [G, m, N]
     topk_index = key_logits.topk(min(topk, n), dim=-1, sorted=False).indices
-    shared_probs = softmax_fp32(key_logits * d**-0.5)
+    shared_probs = softmax_fp32(key_logits.mul_(d**-0.5))
     shared_values = shared_probs.to(v.dtype) @ v
-    route_logits = landmarks @ q.transpose(1, 2)  # [G, m, N]
-    expert = route_logits.argmax(dim=1)
+    route_logits = q @ (landmarks * d**-1).transpose(1, 2)  # [G, N, m]
+    expert = route_logits.argmax(dim=-1)
     return MiTAExperts(landmarks, shared_values, route_logits, expert,
                        topk_index)
 
@@ -165,6 +166,8 @@ def mita_attention(q: Tensor,
     """
     hw, pool_size = check_mita_args(q, k, v, hw, num_extra_tokens, pool_size,
                                     topk)
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
     backend = resolve_backend(backend, q)
     experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk)
     run = mita_flash if backend == 'flash' else mita_torch

@@ -1,28 +1,25 @@
 """Pure PyTorch MiTA backend: blocked attention over per-expert key sets.
 
-The queries, sorted by expert, are cut into blocks of ``block`` queries that
-all belong to one expert (the last block of an expert is padded with zero
-queries, whose outputs are dropped). One batched matmul scores every block
-against its expert's ``k`` routed keys; the ``m`` compressed logits are the
-routing logits ``R . q`` already computed, scaled by ``s^2``. One softmax
-covers both, so no merge of partial softmaxes is needed. Memory is linear in
-N: no N x N tensor and no per-query copy of keys.
-"""
-import math
+The queries, sorted by expert, sit in blocks of ``block`` slots that all
+belong to one expert (:func:`~.routing.block_layout`; unused slots hold a
+zero query whose output is dropped). Per query the logits are
+``[s^2 (q . R_j)]_j`` (the routing logits, reused) followed by
+``[s q . K_t]`` for the ``k`` routed keys of its expert, scored by one
+batched matmul per block. One softmax covers both, so no merge of partial
+softmaxes is needed; the compressed probabilities meet the shared values
+``Vt`` in one matmul per group. Cost and memory are linear in N: no N x N
+tensor, and the routed keys are gathered once per block, never per query.
 
+:class:`ExpertBlockAttention` writes the backward by hand. It keeps only the
+probabilities (plus the inputs, which the rest of the graph keeps anyway),
+gathers the slotted queries and each block's routed keys and values again
+instead of storing them, and sums key/value gradients per expert before
+adding them into ``dk``/``dv``.
+"""
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .routing import gather_routed, sort_by_expert
-
-
-def block_size(num_tokens: int, num_experts: int) -> int:
-    """A power of two near the mean number of queries per expert, in
-    [8, 128]: small enough to keep padding low, large enough for efficient
-    batched matmuls."""
-    mean = max(1.0, num_tokens / num_experts)
-    return int(min(128, max(8, 2**round(math.log2(mean)))))
+from .routing import BlockLayout, block_layout, routed_index
 
 
 def softmax_fp32(logits: Tensor) -> Tensor:
@@ -32,9 +29,149 @@ def softmax_fp32(logits: Tensor) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def _to_blocks(x: Tensor, slot: Tensor, num_slots: int) -> Tensor:
-    """Scatter rows of ``x`` [Q, c] to their padded slots [num_slots, c]."""
-    return x.new_zeros(num_slots, x.shape[1]).index_copy(0, slot, x)
+def _to_slots(x: Tensor, slot: Tensor, num_slots: int) -> Tensor:
+    """Rows of ``x`` [Q, c] placed at their slots of a zero [num_slots, c]."""
+    return x.new_zeros(num_slots, x.shape[1]).index_copy_(0, slot, x)
+
+
+def _gather_blocks(x: Tensor, rows: Tensor, num_blocks: int) -> Tensor:
+    """Rows ``rows`` [num_blocks * k] of ``x`` [G, N, d] as [blocks, k, d]."""
+    d = x.shape[-1]
+    return x.reshape(-1, d).index_select(0, rows).view(num_blocks, -1, d)
+
+
+class ExpertBlockAttention(torch.autograd.Function):
+    """The MiTA softmax attention of every query, given its expert's keys.
+
+    Inputs: ``q``, ``k``, ``v`` [G, N, d]; ``route_logits`` (the compressed
+    logits ``s^2 q . R``) [G, N, m];
+    ``shared_values`` (Vt) [G, m, d]; ``key_rows`` [G * m, k], the rows of
+    each expert's routed keys in ``k.view(G * N, d)``; ``layout`` from
+    :func:`~.routing.block_layout`; ``dropout_p`` on the probabilities.
+    Output [G, N, d].
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, route_logits: Tensor,
+                shared_values: Tensor, key_rows: Tensor, layout: BlockLayout,
+                dropout_p: float) -> Tensor:
+        g, n, d = q.shape
+        m = shared_values.shape[1]
+        block, slots = layout.block, layout.slots_per_group
+        num_blocks = layout.block_expert.numel()
+        rows = key_rows.index_select(0, layout.block_expert).flatten()
+
+        # logits [blocks, block, m + k]: compressed, then routed.
+        logits = route_logits.new_zeros(g * slots, m + key_rows.shape[1])
+        logits[:, :m].index_copy_(0, layout.slot,
+                                  route_logits.reshape(g * n, m))
+        logits = logits.view(num_blocks, block, -1)
+        q_slots = _to_slots(q.reshape(g * n, d), layout.slot,
+                            g * slots).view(num_blocks, block, d)
+        logits[..., m:].baddbmm_(
+            q_slots, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
+            beta=0, alpha=d**-0.5)
+        del q_slots
+        probs = _softmax_(logits)
+
+        mask = None
+        used = probs.to(v.dtype)
+        if dropout_p > 0:
+            mask = torch.rand_like(probs) >= dropout_p
+            used = used * mask / (1 - dropout_p)
+        out = torch.bmm(used.view(g, slots, -1)[..., :m], shared_values)
+        out.view(num_blocks, block, d).baddbmm_(
+            used[..., m:], _gather_blocks(v, rows, num_blocks))
+        out = out.view(g * slots, d).index_select(0, layout.slot)
+
+        ctx.save_for_backward(probs, mask, q, k, v, shared_values, key_rows,
+                              layout.block_expert, layout.slot)
+        ctx.sizes = (m, block, slots)
+        ctx.dropout_p = dropout_p
+        return out.view(g, n, d)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (probs, mask, q, k, v, shared_values, key_rows, block_expert,
+         slot) = ctx.saved_tensors
+        g, n, d = q.shape
+        m, block, slots = ctx.sizes
+        num_blocks = block_expert.numel()
+        need = ctx.needs_input_grad
+        rows = key_rows.index_select(0, block_expert).flatten()
+
+        def to_tokens(grad_slots: Tensor, width: int) -> Tensor:
+            return grad_slots.reshape(g * slots, width).index_select(
+                0, slot).view(g, n, width)
+
+        def to_keys(grad_blocks: Tensor) -> Tensor:
+            # Sum over each expert's blocks first (few long rows), then into
+            # the key rows (G * m * k rows of d, not blocks * k).
+            per_expert = grad_blocks.new_zeros(key_rows.shape + (d, ))
+            per_expert.index_add_(0, block_expert, grad_blocks)
+            return grad_blocks.new_zeros(g * n, d).index_add_(
+                0, key_rows.flatten(), per_expert.view(-1, d)).view(g, n, d)
+
+        grad_slots = _to_slots(grad_out.reshape(g * n, d), slot, g * slots)
+        grad_blocks = grad_slots.view(num_blocks, block, d)
+        used = probs.to(v.dtype)
+        if mask is not None:
+            used = used * mask / (1 - ctx.dropout_p)
+        grad_q = grad_k = grad_v = grad_route = grad_shared = None
+        if need[4]:
+            grad_shared = torch.bmm(
+                used.view(g, slots, -1)[..., :m].transpose(1, 2),
+                grad_slots.view(g, slots, d))
+        if need[2]:
+            grad_v = to_keys(
+                torch.bmm(used[..., m:].transpose(1, 2), grad_blocks))
+        if not (need[0] or need[1] or need[3]):
+            return grad_q, grad_k, grad_v, grad_route, grad_shared, None, \
+                None, None
+        del used
+
+        values = _gather_blocks(v, rows, num_blocks)
+        grad_probs = torch.empty_like(probs, dtype=v.dtype)
+        torch.bmm(grad_slots.view(g, slots, d), shared_values.transpose(1, 2),
+                  out=grad_probs.view(g, slots, -1)[..., :m])
+        torch.bmm(grad_blocks, values.transpose(1, 2),
+                  out=grad_probs[..., m:])
+        del values, grad_slots, grad_blocks
+        grad_logits = grad_probs.to(probs.dtype)
+        if mask is not None:
+            grad_logits.mul_(mask).div_(1 - ctx.dropout_p)
+        # Softmax backward in place: p * (dp - p . dp).
+        row_dot = probs.unsqueeze(-2) @ grad_logits.unsqueeze(-1)
+        grad_logits.sub_(row_dot.squeeze(-1)).mul_(probs)
+        grad_logits = grad_logits.to(q.dtype)
+        if need[3]:
+            grad_route = to_tokens(grad_logits[..., :m], m)
+        grad_routed = grad_logits[..., m:]
+        if need[0]:
+            grad_q = to_tokens(
+                _scaled_bmm(grad_routed, _gather_blocks(k, rows, num_blocks),
+                            d**-0.5), d)
+        if need[1]:
+            q_slots = _to_slots(q.reshape(g * n, d), slot,
+                                g * slots).view(num_blocks, block, d)
+            grad_k = to_keys(
+                _scaled_bmm(grad_routed.transpose(1, 2), q_slots, d**-0.5))
+        return grad_q, grad_k, grad_v, grad_route, grad_shared, None, None, \
+            None
+
+
+def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
+    """``scale * (a @ b)`` in one pass."""
+    out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+    return out.baddbmm_(a, b, beta=0, alpha=scale)
+
+
+def _softmax_(logits: Tensor) -> Tensor:
+    """Softmax over the last dim, in place for float32/float64; a new
+    float32 tensor for fp16/bf16."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        return torch.softmax(logits.float(), dim=-1)
+    return torch.softmax(logits, dim=-1, out=logits)
 
 
 def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts,
@@ -42,33 +179,20 @@ def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts,
     b, h, n, d = q.shape
     g = b * h
     m = experts.landmarks.shape[1]
-    scale = d**-0.5
-    k_sel, v_sel = gather_routed(
-        k.reshape(g, n, d), v.reshape(g, n, d), experts.topk_index)
-
-    order, group, counts = sort_by_expert(experts.expert, m)
-    blk = block_size(n, m)
-    blocks_per_expert = (counts + blk - 1) // blk
-    block_expert = torch.repeat_interleave(
-        torch.arange(g * m, device=q.device), blocks_per_expert)
-    num_slots = block_expert.numel() * blk
-    # Slot of each query: its expert's first block * blk + its rank there.
-    first_query = torch.cumsum(counts, 0) - counts
-    first_slot = (torch.cumsum(blocks_per_expert, 0) - blocks_per_expert) * blk
-    sorted_group = group[order]
-    rank = torch.arange(g * n, device=q.device) - first_query[sorted_group]
-    slot = torch.empty_like(order)
-    slot[order] = first_slot[sorted_group] + rank
-
-    q_blocks = _to_blocks(q.reshape(g * n, d), slot, num_slots)
-    compressed = experts.route_logits.transpose(1, 2).reshape(g * n, m)
-    compressed = _to_blocks(compressed * scale**2, slot, num_slots)
-    q_blocks = q_blocks.view(-1, blk, d)
-    routed = (q_blocks @ k_sel[block_expert].transpose(1, 2)) * scale
-    logits = torch.cat([compressed.view(-1, blk, m), routed], dim=-1)
-    probs = softmax_fp32(logits).to(v.dtype)
-    if dropout_p > 0:
-        probs = F.dropout(probs, p=dropout_p)
-    shared = experts.shared_values.to(v.dtype)[block_expert // m]
-    out = probs[..., :m] @ shared + probs[..., m:] @ v_sel[block_expert]
-    return out.reshape(num_slots, d)[slot].view(b, h, n, d)
+    layout = block_layout(experts.expert, m)
+    key_rows = routed_index(experts.topk_index, n)
+    device = q.device.type
+    autocast = torch.is_autocast_enabled(device)
+    # Under autocast the inputs may mix float32 (q, k, v) and the autocast
+    # dtype (matmul results): the Function computes in one dtype, outside
+    # autocast, with its softmax in float32.
+    dtype = torch.get_autocast_dtype(device) if autocast else v.dtype
+    tensors = [
+        t.to(dtype) for t in (q.reshape(g, n, d), k.reshape(g, n, d),
+                              v.reshape(g, n, d), experts.route_logits,
+                              experts.shared_values)
+    ]
+    with torch.autocast(device, enabled=False):
+        out = ExpertBlockAttention.apply(*tensors, key_rows, layout,
+                                         dropout_p)
+    return out.view(b, h, n, d)

@@ -1,0 +1,251 @@
+"""Time and peak memory of MiTA attention against full attention.
+
+    python tools/benchmark_attention.py [--tokens 1025 1601 4097 16385 65537]
+        [--device cpu] [--dtype float32] [--heads 6] [--head-dim 64]
+        [--single-head-from 16385] [--pool-size 7] [--topk 49]
+        [--repeats 3] [--json results.json] [--plot scaling.png]
+
+Every N is a square patch grid plus ``--extra-tokens`` (cls) tokens. For
+each, on the same random q, k, v and in the same run, it measures the
+forward (under ``torch.no_grad``) and forward+backward time and peak memory
+of ``mita_attention`` (m = pool_size^2 landmarks, k = topk routed keys) and
+of ``F.scaled_dot_product_attention``. Runs are interleaved so that both
+see the same machine load; times are the best of the repeats (a shared
+machine only ever adds time). Peak memory is what the call allocates above
+its inputs (see ``mmseg_mita.ops.benchmark`` for how it is measured on CPU).
+The memory run doubles as the warm-up, and is the only timing of a call
+slower than ``--time-budget`` (marked ``*``). The PyTorch profiler used for
+CPU memory prints ``USDT ... profiler_start`` lines on stderr.
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from mmseg_mita.ops import mita_attention
+from mmseg_mita.ops.benchmark import (load_average, machine_info,
+                                      peak_memory, run_timed, save_json,
+                                      summarize, time_interleaved,
+                                      write_atomic)
+
+DTYPES = dict(float32=torch.float32, float16=torch.float16,
+              bfloat16=torch.bfloat16, float64=torch.float64)
+MODES = ('forward', 'forward_backward')
+METHODS = ('mita', 'sdpa')
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='MiTA attention vs full attention: time and memory')
+    parser.add_argument('--tokens', type=int, nargs='+',
+                        default=[1025, 1601, 4097, 16385, 65537],
+                        help='sequence lengths N = extra tokens + H * H')
+    parser.add_argument('--extra-tokens', type=int, default=1)
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--heads', type=int, default=6)
+    parser.add_argument('--single-head-from', type=int, default=16385,
+                        help='use one head from this N on (0: never)')
+    parser.add_argument('--head-dim', type=int, default=64)
+    parser.add_argument('--pool-size', type=int, default=7,
+                        help='landmark grid side; m = pool_size ** 2')
+    parser.add_argument('--topk', type=int, default=49)
+    parser.add_argument('--backend', default='auto',
+                        help="mita_attention backend (auto, torch, flash)")
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--dtype', default='float32', choices=list(DTYPES))
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--time-budget', type=float, default=120.0,
+                        help='stop repeating a measurement once its runs '
+                        'add up to this many seconds')
+    parser.add_argument('--threads', type=int, default=0,
+                        help='torch CPU threads (0: torch default)')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--json', metavar='PATH',
+                        help="write the results as JSON ('-': stdout)")
+    parser.add_argument('--plot', metavar='PNG',
+                        help='write a log-log plot of time and memory vs N')
+    args = parser.parse_args(argv)
+    for name in ('repeats', 'batch', 'heads', 'head_dim', 'pool_size',
+                 'topk'):
+        if getattr(args, name) < 1:
+            parser.error(f'--{name.replace("_", "-")} must be >= 1')
+    for n in args.tokens:
+        grid_side(n, args.extra_tokens, args.pool_size)
+    return args
+
+
+def grid_side(tokens: int, extra_tokens: int, pool_size: int) -> int:
+    """Side of the square patch grid of ``tokens`` tokens."""
+    side = math.isqrt(max(tokens - extra_tokens, 0))
+    if side * side != tokens - extra_tokens or side < pool_size:
+        raise SystemExit(
+            f'--tokens {tokens}: N - extra tokens ({extra_tokens}) must be a '
+            f'square grid H * H with H >= pool size {pool_size}, e.g. '
+            f'{extra_tokens + max(side, pool_size)**2}')
+    return side
+
+
+def _functions(q, k, v, grad, side, args):
+    """The four measured calls; backward runs start from fresh grads."""
+    kwargs = dict(num_extra_tokens=args.extra_tokens,
+                  pool_size=args.pool_size, topk=args.topk,
+                  backend=args.backend)
+
+    def mita():
+        return mita_attention(q, k, v, (side, side), **kwargs)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def forward(attend):
+        def run():
+            with torch.no_grad():
+                return attend()
+        return run
+
+    def forward_backward(attend):
+        def run():
+            for t in (q, k, v):
+                t.grad = None
+            attend().backward(grad)
+        return run
+
+    calls = {}
+    for method, attend in (('mita', mita), ('sdpa', sdpa)):
+        calls[(method, 'forward')] = forward(attend)
+        calls[(method, 'forward_backward')] = forward_backward(attend)
+    return calls
+
+
+def bench_tokens(n: int, args, device: torch.device) -> dict:
+    side = grid_side(n, args.extra_tokens, args.pool_size)
+    heads = (1 if args.single_head_from and n >= args.single_head_from else
+             args.heads)
+    gen = torch.Generator(device='cpu').manual_seed(args.seed)
+    shape = (args.batch, heads, n, args.head_dim)
+    q, k, v, grad = (torch.randn(shape, generator=gen).to(
+        device, DTYPES[args.dtype]) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    calls = _functions(q, k, v, grad, side, args)
+
+    # The memory run is the warm-up; a call slower than the time budget
+    # (full attention at large N) is timed by it instead of run again.
+    memory, slow = {}, {}
+    for key, call in calls.items():
+        seconds = []
+        memory[key] = peak_memory(
+            lambda: seconds.append(run_timed(call, device)), device)
+        if seconds[0] >= args.time_budget:
+            slow[str(key)] = seconds
+    for t in (q, k, v):
+        t.grad = None
+    load_before = load_average()
+    times = time_interleaved({str(key): call for key, call in calls.items()},
+                             device, args.repeats, args.time_budget, slow)
+    record = dict(tokens=n, grid=[side, side], batch=args.batch, heads=heads,
+                  head_dim=args.head_dim, landmarks=args.pool_size**2,
+                  topk=args.topk, load_average=[load_before, load_average()])
+    for method in METHODS:
+        record[method] = {
+            mode: dict(summarize(times[str((method, mode))]),
+                       peak_bytes=memory[(method, mode)],
+                       timed_by_memory_run=str((method, mode)) in slow)
+            for mode in MODES
+        }
+    for mode in MODES:
+        record[f'speedup_{mode}'] = (record['sdpa'][mode]['best_s'] /
+                                     record['mita'][mode]['best_s'])
+    return record
+
+
+def _ms(stats: dict) -> str:
+    mark = '*' if stats['timed_by_memory_run'] else ' '
+    return f'{stats["best_s"] * 1e3:.1f}{mark}'
+
+
+def format_table(records) -> str:
+    mib = 2**20
+    lines = [
+        f'{"N":>6} {"BxH":>4} | {"forward ms":^22} {"x":>6} | '
+        f'{"fwd+bwd ms":^22} {"x":>6} | {"fwd+bwd peak MiB":^21}',
+        f'{"":>6} {"":>4} | {"MiTA":>10} {"SDPA":>11} {"":>6} | '
+        f'{"MiTA":>10} {"SDPA":>11} {"":>6} | {"MiTA":>10} {"SDPA":>10}'
+    ]
+    for r in records:
+        mita, sdpa = r['mita'], r['sdpa']
+        lines.append(
+            f'{r["tokens"]:>6} {r["batch"] * r["heads"]:>4} | '
+            f'{_ms(mita["forward"]):>11}{_ms(sdpa["forward"]):>12} '
+            f'{r["speedup_forward"]:>6.1f} | '
+            f'{_ms(mita["forward_backward"]):>11}'
+            f'{_ms(sdpa["forward_backward"]):>12} '
+            f'{r["speedup_forward_backward"]:>6.1f} | '
+            f'{mita["forward_backward"]["peak_bytes"] / mib:>10.1f} '
+            f'{sdpa["forward_backward"]["peak_bytes"] / mib:>10.1f}')
+    lines.append('x = SDPA time / MiTA time (best of the repeats); peak = '
+                 'bytes allocated above the inputs; * = one run, the '
+                 'memory run')
+    return '\n'.join(lines)
+
+
+def plot(records, path: str) -> None:
+    """Log-log time and peak memory per (batch x head) against N."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    tokens = [r['tokens'] for r in records]
+    per = [r['batch'] * r['heads'] for r in records]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for method, label in (('mita', 'MiTA'), ('sdpa', 'SDPA (full)')):
+        for mode, style in (('forward_backward', '-o'), ('forward', '--s')):
+            ax_t.plot(tokens, [
+                r[method][mode]['best_s'] / p for r, p in zip(records, per)
+            ], style, label=f'{label} {mode.replace("_", "+")}')
+            ax_m.plot(tokens, [
+                r[method][mode]['peak_bytes'] / 2**20 / p
+                for r, p in zip(records, per)
+            ], style, label=f'{label} {mode.replace("_", "+")}')
+    for ax, ylabel in ((ax_t, 'seconds per (batch x head)'),
+                       (ax_m, 'peak MiB per (batch x head)')):
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        ax.set_xlabel('tokens N')
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which='both', alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_t.set_title('time')
+    ax_m.set_title('peak memory')
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120))
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    info = machine_info(device)
+    print(json.dumps(info), file=sys.stderr)
+    records = []
+    for n in args.tokens:
+        records.append(bench_tokens(n, args, device))
+        print(f'N={n} done: fwd+bwd speed-up '
+              f'{records[-1]["speedup_forward_backward"]:.2f}x',
+              file=sys.stderr, flush=True)
+    print(format_table(records))
+    result = dict(machine=info, args=vars(args), results=records)
+    if args.json:
+        save_json(result, args.json)
+    if args.plot:
+        plot(records, args.plot)
+    return result
+
+
+if __name__ == '__main__':
+    main()
