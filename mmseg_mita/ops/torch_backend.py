@@ -61,18 +61,19 @@ class ExpertBlockAttention(torch.autograd.Function):
         num_blocks = layout.block_expert.numel()
         rows = key_rows.index_select(0, layout.block_expert).flatten()
 
-        # logits [blocks, block, m + k]: compressed, then routed.
-        logits = route_logits.new_zeros(g * slots, m + key_rows.shape[1])
-        logits[:, :m].index_copy_(0, layout.slot,
-                                  route_logits.reshape(g * n, m))
-        logits = logits.view(num_blocks, block, -1)
+        # logits [blocks, block, m + k]: compressed, then routed. Matmuls
+        # write contiguous outputs only: into a strided view, CPU bmm falls
+        # back to one small GEMM call per block (70x slower under load).
+        compressed = _to_slots(route_logits.reshape(g * n, m), layout.slot,
+                               g * slots).view(num_blocks, block, m)
         q_slots = _to_slots(q.reshape(g * n, d), layout.slot,
                             g * slots).view(num_blocks, block, d)
-        logits[..., m:].baddbmm_(
+        routed = _scaled_bmm(
             q_slots, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
-            beta=0, alpha=d**-0.5)
+            d**-0.5)
         del q_slots
-        probs = _softmax_(logits)
+        probs = _softmax_(torch.cat([compressed, routed], dim=-1))
+        del compressed, routed
 
         mask = None
         used = probs.to(v.dtype)
@@ -131,11 +132,12 @@ class ExpertBlockAttention(torch.autograd.Function):
         del used
 
         values = _gather_blocks(v, rows, num_blocks)
-        grad_probs = torch.empty_like(probs, dtype=v.dtype)
-        torch.bmm(grad_slots.view(g, slots, d), shared_values.transpose(1, 2),
-                  out=grad_probs.view(g, slots, -1)[..., :m])
-        torch.bmm(grad_blocks, values.transpose(1, 2),
-                  out=grad_probs[..., m:])
+        grad_probs = torch.cat([
+            torch.bmm(grad_slots.view(g, slots, d),
+                      shared_values.transpose(1, 2)).view(
+                          num_blocks, block, m),
+            torch.bmm(grad_blocks, values.transpose(1, 2))
+        ], dim=-1)
         del values, grad_slots, grad_blocks
         grad_logits = grad_probs.to(probs.dtype)
         if mask is not None:
