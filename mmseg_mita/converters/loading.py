@@ -1,0 +1,98 @@
+"""Read checkpoint files, telling their container format by content.
+
+* NumPy ``.npz`` (a zip archive of ``.npy`` members): Google AugReg /
+  big_vision weights, returned as :class:`NpzWeights`;
+* safetensors (8-byte little-endian header length, then a JSON header):
+  returned as a flat ``{name: Tensor}`` dict;
+* anything else is handed to ``torch.load(weights_only=True)`` (``.pth``,
+  ``.bin``, ``.pt``; mmengine checkpoints load through
+  :mod:`mmseg_mita.compat`).
+"""
+import json
+import os
+import struct
+import zipfile
+from typing import Any, Dict
+
+import numpy as np
+import torch
+
+SAFETENSORS_DTYPES = {
+    'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16,
+    'BF16': torch.bfloat16, 'I64': torch.int64, 'I32': torch.int32,
+    'I16': torch.int16, 'I8': torch.int8, 'U8': torch.uint8,
+    'BOOL': torch.bool
+}
+
+
+class NpzWeights(dict):
+    """``{name: np.ndarray}`` read from a NumPy ``.npz`` archive."""
+
+
+def _is_npz(path: str) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    return bool(names) and all(n.endswith('.npy') for n in names)
+
+
+def _safetensors_header(path: str):
+    """The parsed header of a safetensors file, or None if it is not one."""
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+        head = f.read(9)
+        if len(head) < 9 or head[8:9] != b'{':
+            return None
+        (length, ) = struct.unpack('<Q', head[:8])
+        if 8 + length > size:
+            return None
+        f.seek(8)
+        try:
+            return json.loads(f.read(length)), 8 + length
+        except ValueError:
+            return None
+
+
+def read_safetensors(path: str) -> Dict[str, torch.Tensor]:
+    """All tensors of a safetensors file (format: header length u64 LE,
+    JSON header ``{name: {dtype, shape, data_offsets}}``, raw bytes)."""
+    header, start = _safetensors_header(path)
+    header.pop('__metadata__', None)
+    with open(path, 'rb') as f:
+        f.seek(start)
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if info['dtype'] not in SAFETENSORS_DTYPES:
+            raise ValueError(f'{path}: tensor {name!r} has dtype '
+                             f'{info["dtype"]}, which this reader does not '
+                             f'handle (known: {sorted(SAFETENSORS_DTYPES)})')
+        begin, end = info['data_offsets']
+        buf = bytearray(data[begin:end])
+        dtype = SAFETENSORS_DTYPES[info['dtype']]
+        tensor = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(
+            0, dtype=dtype)
+        out[name] = tensor.reshape(info['shape'])
+    return out
+
+
+def read_checkpoint(path: str) -> Any:
+    """The content of a checkpoint file: :class:`NpzWeights` for ``.npz``,
+    a tensor dict for safetensors, else what ``torch.load`` returns."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'no checkpoint file at {path}')
+    if _is_npz(path):
+        with np.load(path, allow_pickle=False) as npz:
+            return NpzWeights({k: npz[k] for k in npz.files})
+    if _safetensors_header(path) is not None:
+        return read_safetensors(path)
+    try:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as err:  # torch raises many types for foreign files
+        raise ValueError(
+            f'{path} is not a checkpoint this converter reads: expected a '
+            'PyTorch file (.pth/.bin/.pt, loadable with '
+            'torch.load(weights_only=True)), a safetensors file, or a NumPy '
+            f'.npz of AugReg/big_vision weights; torch.load said: {err}'
+        ) from err

@@ -1,0 +1,169 @@
+"""tools/sweep_mk.py, tools/show_experts.py and swapping the attention of a
+checkpoint at test time (tools/test.py --cfg-options)."""
+import json
+import os.path as osp
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from show_experts import main as show_main
+from show_experts import pooling_cells, selection_frequency
+from sweep_mk import format_grid
+from sweep_mk import main as sweep_main
+from sweep_mk import training_setting
+
+FULL = 'configs/mita_vit/vit-mini8_upernet_1xb8-1k_demo-96x96.py'
+MITA = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
+
+
+def _data_opts(data_root):
+    opts = []
+    for split in ('val', 'test'):
+        opts += [f'{split}_dataloader.dataset.data_root={data_root}',
+                 f'{split}_dataloader.num_workers=0',
+                 f'{split}_dataloader.persistent_workers=False']
+    return opts
+
+
+def _run(repo_root, args):
+    proc = subprocess.run([sys.executable] + args, cwd=repo_root,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope='module')
+def full_attention_ckpt(repo_root, tmp_path_factory):
+    """A randomly initialised full-attention (mmseg VisionTransformer)
+    segmentor, saved as mmengine saves checkpoints."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import save_checkpoint
+    from mmseg.registry import MODELS
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    model = MODELS.build(Config.fromfile(osp.join(repo_root, FULL)).model)
+    model.init_weights()
+    path = str(tmp_path_factory.mktemp('ckpt') / 'full.pth')
+    save_checkpoint({'meta': {}, 'state_dict': model.state_dict()}, path)
+    return path
+
+
+def test_selection_frequency_counts_queries_per_key():
+    torch.manual_seed(0)
+    g, n, m, k = 3, 11, 4, 5
+    expert = torch.randint(0, m, (g, n))
+    topk_index = torch.stack([
+        torch.stack([torch.randperm(n)[:k] for _ in range(m)])
+        for _ in range(g)
+    ])
+    freq = selection_frequency(expert, topk_index, m)
+    for gi in range(g):
+        for t in range(n):
+            hits = sum(t in topk_index[gi, expert[gi, i]].tolist()
+                       for i in range(n))
+            assert freq[gi, t].item() == pytest.approx(hits / n)
+    # every query gathers exactly k keys
+    torch.testing.assert_close(freq.sum(1), torch.full((g, ), k * 1.0,
+                                                       dtype=torch.float64))
+
+
+@pytest.mark.parametrize('size,bins', [(12, 4), (12, 5), (7, 3), (5, 5)])
+def test_pooling_cells_are_those_of_adaptive_avg_pool(size, bins):
+    weights = F.adaptive_avg_pool1d(torch.eye(size)[None], bins)[0]
+    cells = [tuple(int(i) for i in col.nonzero()[[0, -1], 0]) for col in
+             weights.T]
+    assert [(a, b - 1) for a, b in pooling_cells(size, bins)] == cells
+
+
+def test_show_experts_draws_every_mita_layer(repo_root, demo_data,
+                                             full_attention_ckpt, tmp_path):
+    image = osp.join(demo_data, 'images', 'validation',
+                     'demo_validation_00000.jpg')
+    config = osp.join(repo_root, FULL)
+    with pytest.raises(SystemExit, match='full attention; pass'):
+        show_main([config, full_attention_ckpt, image, '--out',
+                   str(tmp_path)])
+    out = tmp_path / 'experts'
+    show_main([config, full_attention_ckpt, image, '--out', str(out),
+               '--pool-size', '3', '--topk', '9', '--cfg-options',
+               'model.backbone.mita_cfg.layers=[1,3]'])
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ['all_layers.png', 'layer1.png', 'layer3.png']
+    for name in names:
+        assert (out / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_training_setting_and_grid_marks():
+    assert training_setting(dict(type='VisionTransformer')) is None
+    assert training_setting(dict(type='MiTAViT', mita_cfg=None)) is None
+    assert training_setting(dict(type='MiTAViT')) == (7, 49)
+    assert training_setting(dict(type='MiTAViT',
+                                 mita_cfg=dict(pool_size=4, topk=16))) == \
+        (4, 16)
+    results = {'full': 50.0, 'mita': {'4,16': 40.0, '4,9': 30.0}}
+    text = format_grid(results, [4, 13], [9, 16], (4, 16))
+    assert '16 (4x4)       30.00    40.00*' in text
+    assert 'skipped' in text.splitlines()[-1]
+
+
+def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
+                                        full_attention_ckpt, tmp_path,
+                                        capsys):
+    work_dir = str(tmp_path / 'sweep')
+    sweep_main([
+        osp.join(repo_root, FULL), full_attention_ckpt, '--pool-sizes', '7',
+        '13', '--topks', '4', '25', '--work-dir', work_dir,
+        '--cfg-options'
+    ] + _data_opts(demo_data))
+    out = capsys.readouterr().out
+    assert 'pool size 13 skipped: larger than the smallest patch grid ' \
+        '12x12' in out
+    assert re.search(r'full attention: mIoU [0-9.]+  \*', out)
+    results = json.load(open(osp.join(work_dir, 'sweep_mk.json')))
+    assert sorted(results['mita']) == ['7,25', '7,4']
+    assert results['patch_grid'] == [12, 12] and results['trained'] is None
+    with open(osp.join(work_dir, 'sweep_mk.png'), 'rb') as f:
+        assert f.read(4) == b'\x89PNG'
+    # a full-attention checkpoint evaluated under MiTA by mmseg's test tool
+    out = _run(repo_root, [
+        'tools/test.py', FULL, full_attention_ckpt, '--work-dir',
+        str(tmp_path / 'test'), '--cfg-options', 'model.backbone.type=MiTAViT',
+        'model.backbone.mita_cfg.topk=25'
+    ] + _data_opts(demo_data))
+    assert 'missing keys' not in out and 'unexpected key' not in out
+    miou = float(re.findall(r'mIoU: ([0-9.]+)', out)[-1])
+    assert miou == pytest.approx(results['mita']['7,25'], abs=0.01)
+
+
+@pytest.mark.parametrize('config,options,expected', [
+    (FULL, ['model.backbone.type=MiTAViT', 'model.backbone.mita_cfg.topk=25'],
+     dict(pool_size=(7, 7), topk=25)),
+    (MITA, ['model.backbone.mita_cfg.pool_size=3'],
+     dict(pool_size=(3, 3), topk=16)),
+    (MITA, ['model.backbone.mita_cfg=None'], None),
+])
+def test_cfg_options_swap_the_attention(repo_root, config, options,
+                                        expected):
+    """What tools/test.py --cfg-options builds (mmengine's DictAction)."""
+    import argparse
+
+    from mmengine.config import Config, DictAction
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    cfg = Config.fromfile(osp.join(repo_root, config))
+    cfg.merge_from_dict(parser.parse_args(['--cfg-options'] +
+                                          options).cfg_options)
+    init_default_scope('mmseg')
+    backbone = MODELS.build(cfg.model.backbone)
+    for layer in backbone.layers:
+        got = layer.attn.mita and {k: layer.attn.mita[k]
+                                   for k in ('pool_size', 'topk')}
+        assert got == expected
