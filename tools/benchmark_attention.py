@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from mmseg_mita.ops import mita_attention
 from mmseg_mita.ops.benchmark import (load_average, machine_info,
                                       peak_memory, run_timed, save_json,
-                                      summarize, time_interleaved,
-                                      write_atomic)
+                                      summarize, time_interleaved)
+from mmseg_mita.utils import write_atomic
 
 DTYPES = dict(float32=torch.float32, float16=torch.float16,
               bfloat16=torch.bfloat16, float64=torch.float64)

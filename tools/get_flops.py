@@ -18,13 +18,13 @@ auxiliary head and the final resize; parameters likewise.
 """
 import argparse
 import json
-import os
 import os.path as osp
-import tempfile
 
 from mmengine.config import Config, DictAction
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
+
+from mmseg_mita.utils import write_atomic
 
 
 def parse_args(argv=None):
@@ -120,17 +120,11 @@ def markdown_row(result: dict) -> str:
 
 
 def write_json(result: dict, path: str) -> None:
-    """Write atomically: a temporary file renamed into place."""
-    folder = osp.dirname(osp.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix='.json.tmp')
-    try:
-        with os.fdopen(fd, 'w') as f:
+    def dump(tmp):
+        with open(tmp, 'w') as f:
             json.dump(result, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+
+    write_atomic(path, dump)
 
 
 def main(argv=None):

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from mmengine.config import Config, DictAction
 
-from mmseg_mita.converters import write_atomic
+from mmseg_mita.utils import write_atomic
 
 
 def parse_args(argv=None):

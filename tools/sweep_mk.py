@@ -18,7 +18,7 @@ import os.path as osp
 
 from mmengine.config import Config, DictAction
 
-from mmseg_mita.converters import write_atomic
+from mmseg_mita.utils import write_atomic
 
 BACKBONES = ('VisionTransformer', 'MiTAViT')
 

@@ -2,12 +2,12 @@
 .npz, mmpretrain, mmseg) to weights of mmseg's ``VisionTransformer``, which
 ``MiTAViT`` loads unchanged."""
 from .convert import (EXPECTED, FORMATS, Conversion, convert, convert_file,
-                      detect_format, write_atomic, write_checkpoint)
+                      detect_format, write_checkpoint)
 from .loading import NpzWeights, read_checkpoint
 from .settings import BackboneSettings, infer_settings
 
 __all__ = [
     'EXPECTED', 'FORMATS', 'BackboneSettings', 'Conversion', 'NpzWeights',
     'convert', 'convert_file', 'detect_format', 'infer_settings',
-    'read_checkpoint', 'write_atomic', 'write_checkpoint'
+    'read_checkpoint', 'write_checkpoint'
 ]

@@ -1,12 +1,11 @@
 """Tell a ViT checkpoint's format by its content and convert it."""
-import os
 import os.path as osp
-import tempfile
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from mmseg_mita.utils import write_atomic
 from .augreg import npz_prefix, npz_to_timm
 from .loading import NpzWeights, read_checkpoint
 from .mmpretrain import MMPRETRAIN_FINGERPRINT, mmpretrain_to_timm
@@ -164,25 +163,6 @@ def convert_file(src: str, fmt: str = 'auto',
                  num_heads: Optional[int] = None) -> Conversion:
     """:func:`convert` the checkpoint file ``src``."""
     return convert(read_checkpoint(src), fmt, num_heads)
-
-
-def write_atomic(path: str, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` to a temporary file beside ``path``, then rename it to
-    ``path``: readers never see a partial file, a failure leaves none."""
-    folder = osp.dirname(osp.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix=osp.splitext(path)[1],
-                               dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private (0600)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_checkpoint(conversion: Conversion, dst: str, src: str,

@@ -12,7 +12,6 @@ counted. On CUDA it uses ``torch.cuda.max_memory_allocated``.
 """
 import json
 import os
-import os.path as osp
 import platform
 import statistics
 import tempfile
@@ -21,6 +20,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from mmseg_mita.utils import write_atomic
 
 
 def synchronize(device: torch.device) -> None:
@@ -122,24 +123,6 @@ def machine_info(device: torch.device) -> Dict[str, object]:
     if device.type == 'cuda':
         info['gpu'] = torch.cuda.get_device_name(device)
     return info
-
-
-def write_atomic(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file next to ``path``, then rename
-    it to ``path`` (readers never see a half-written file)."""
-    folder = osp.dirname(osp.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=osp.splitext(path)[1])
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temp file
-        os.replace(tmp, path)
-    except BaseException:
-        os.remove(tmp)
-        raise
 
 
 def save_json(result: dict, path: str) -> None:

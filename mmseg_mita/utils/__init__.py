@@ -1,0 +1,3 @@
+from .io import write_atomic
+
+__all__ = ['write_atomic']
