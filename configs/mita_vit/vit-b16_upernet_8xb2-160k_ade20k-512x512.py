@@ -8,7 +8,7 @@
 # (docs/configs.md).
 _base_ = [
     '../_base_/models/vit_mln_upernet.py', 'mmseg::_base_/datasets/ade20k.py',
-    '../_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_160k.py'
+    '../_base_/default_runtime.py', '../_base_/schedules/schedule_160k_vit_adamw.py'
 ]
 crop_size = (512, 512)
 model = dict(
@@ -21,29 +21,6 @@ model = dict(
         init_cfg=dict(
             type='Pretrained',
             checkpoint='pretrain/vit-b16_augreg-384_mmseg.pth')))
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'cls_token': dict(decay_mult=0.),
-            'norm': dict(decay_mult=0.)
-        }))
-param_scheduler = [
-    dict(
-        type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0,
-        end=1500),
-    dict(
-        type='PolyLR',
-        eta_min=0.0,
-        power=1.0,
-        begin=1500,
-        end=160000,
-        by_epoch=False)
-]
 train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader

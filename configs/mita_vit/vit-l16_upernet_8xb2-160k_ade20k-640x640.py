@@ -5,7 +5,7 @@
 _base_ = [
     '../_base_/models/vit_mln_upernet.py',
     'mmseg::_base_/datasets/ade20k_640x640.py', '../_base_/default_runtime.py',
-    'mmseg::_base_/schedules/schedule_160k.py'
+    '../_base_/schedules/schedule_160k_vit_adamw.py'
 ]
 crop_size = (640, 640)
 dims = 1024
@@ -26,29 +26,6 @@ model = dict(
     decode_head=dict(in_channels=[dims] * 4),
     auxiliary_head=dict(in_channels=dims),
     test_cfg=dict(mode='slide', crop_size=crop_size, stride=(608, 608)))
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'cls_token': dict(decay_mult=0.),
-            'norm': dict(decay_mult=0.)
-        }))
-param_scheduler = [
-    dict(
-        type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0,
-        end=1500),
-    dict(
-        type='PolyLR',
-        eta_min=0.0,
-        power=1.0,
-        begin=1500,
-        end=160000,
-        by_epoch=False)
-]
 train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
