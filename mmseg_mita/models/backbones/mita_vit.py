@@ -3,6 +3,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch.nn.functional as F
 from mmcv.cnn.bricks.transformer import MultiheadAttention
+from mmengine.model import BaseModule
 from mmseg.models.backbones import VisionTransformer
 from mmseg.registry import MODELS
 
@@ -22,8 +23,12 @@ class MiTAMultiheadAttention(MultiheadAttention):
 
     def __init__(self, full: MultiheadAttention, num_extra_tokens: int,
                  mita: Optional[dict]):
-        super().__init__(full.embed_dims, full.num_heads,
-                         batch_first=full.batch_first)
+        # Adopt ``full``'s modules instead of running mmcv's constructor,
+        # which would build (and drop) a new nn.MultiheadAttention per layer.
+        BaseModule.__init__(self, full.init_cfg)
+        self.embed_dims = full.embed_dims
+        self.num_heads = full.num_heads
+        self.batch_first = full.batch_first
         self.attn = full.attn
         self.proj_drop = full.proj_drop
         self.dropout_layer = full.dropout_layer
