@@ -10,19 +10,4 @@ if [ $# -lt 3 ]; then
     echo "usage: $0 CONFIG CHECKPOINT NUM_GPUS [test.py args...]" >&2
     exit 2
 fi
-CONFIG=$1
-CHECKPOINT=$2
-GPUS=$3
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-
-exec "${PYTHON:-python}" -m torch.distributed.run \
-    --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
-    --master_port="$PORT" \
-    --nproc_per_node="$GPUS" \
-    "$(dirname "$0")/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch \
-    "${@:4}"
+exec bash "$(dirname "$0")/dist_launch.sh" test.py "$3" "$1" "$2" "${@:4}"

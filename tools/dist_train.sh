@@ -14,17 +14,4 @@ if [ $# -lt 2 ]; then
     echo "usage: $0 CONFIG NUM_GPUS [train.py args...]" >&2
     exit 2
 fi
-CONFIG=$1
-GPUS=$2
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-
-exec "${PYTHON:-python}" -m torch.distributed.run \
-    --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
-    --master_port="$PORT" \
-    --nproc_per_node="$GPUS" \
-    "$(dirname "$0")/train.py" "$CONFIG" --launcher pytorch "${@:3}"
+exec bash "$(dirname "$0")/dist_launch.sh" train.py "$2" "$1" "${@:3}"
