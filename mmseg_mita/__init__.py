@@ -1,15 +1,15 @@
 """MiTA attention for mmsegmentation.
 
 Importing the package (``custom_imports=dict(imports=['mmseg_mita'])`` in a
-config) registers the models and applies the stack workarounds of
-:mod:`mmseg_mita.compat`.
+config) registers the models and transforms in mmseg's registries and
+applies the stack workarounds of :mod:`mmseg_mita.compat`, as soon as mmseg
+is imported (:mod:`mmseg_mita.registration`). The operator,
+:mod:`mmseg_mita.ops`, needs PyTorch alone.
 """
-from . import compat
-from .datasets import *  # noqa: F401,F403
-from .models import *  # noqa: F401,F403
 from .ops import mita_attention
+from .registration import register_when_mmseg_is_imported
 
-compat.apply()
+register_when_mmseg_is_imported()
 
 __version__ = '0.1.0'
 __all__ = ['mita_attention', '__version__']

@@ -12,7 +12,7 @@ of ``mita_attention`` (m = pool_size^2 landmarks, k = topk routed keys) and
 of ``F.scaled_dot_product_attention``. Runs are interleaved so that both
 see the same machine load; times are the best of the repeats (a shared
 machine only ever adds time). Peak memory is what the call allocates above
-its inputs (see ``mmseg_mita.ops.benchmark`` for how it is measured on CPU).
+its inputs (see ``mmseg_mita.benchmarks`` for how it is measured on CPU).
 The memory run doubles as the warm-up, and is the only timing of a call
 slower than ``--time-budget`` (marked ``*``). The PyTorch profiler used for
 CPU memory prints ``USDT ... profiler_start`` lines on stderr.
@@ -25,11 +25,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from mmseg_mita.benchmarks import (load_average, machine_info, peak_memory,
+                                   run_timed, summarize, time_interleaved)
 from mmseg_mita.ops import mita_attention
-from mmseg_mita.ops.benchmark import (load_average, machine_info,
-                                      peak_memory, run_timed, save_json,
-                                      summarize, time_interleaved)
-from mmseg_mita.utils import write_atomic
+from mmseg_mita.utils import write_atomic, write_json
 
 DTYPES = dict(float32=torch.float32, float16=torch.float16,
               bfloat16=torch.bfloat16, float64=torch.float64)
@@ -241,7 +240,7 @@ def main(argv=None):
     print(format_table(records))
     result = dict(machine=info, args=vars(args), results=records)
     if args.json:
-        save_json(result, args.json)
+        write_json(result, args.json)
     if args.plot:
         plot(records, args.plot)
     return result

@@ -10,7 +10,7 @@ The twin is ``--twin`` or, by default, CONFIG itself with
 ``VisionTransformer``). Both models are built with random weights (no
 checkpoint is loaded) and get the same random input of ``--size``; runs are
 interleaved and the best of ``--repeats`` is reported; peak memory is what
-a step allocates (``mmseg_mita.ops.benchmark.peak_memory``). ``--train`` times
+a step allocates (``mmseg_mita.benchmarks.peak_memory``). ``--train`` times
 forward+backward (of the sum of the outputs for the backbone, of the
 decode losses on random labels for the segmentor), otherwise an inference
 forward under ``torch.no_grad``. SyncBN is turned into BN on CPU.
@@ -20,8 +20,8 @@ import argparse
 import torch
 from mmengine.config import Config, DictAction
 
-from mmseg_mita.ops.benchmark import (machine_info, peak_memory, save_json,
-                                      summarize, time_interleaved)
+from mmseg_mita.benchmarks import (machine_info, peak_memory, summarize,
+                                   time_interleaved)
 
 
 def parse_args(argv=None):
@@ -177,7 +177,7 @@ def main(argv=None):
     print(f'MiTA speed-up {result["speedup"]:.2f}x, memory '
           f'{result["memory_ratio"]:.2f}x of full attention')
     if args.json:
-        save_json(result, args.json)
+        write_json(result, args.json)
     return result
 
 

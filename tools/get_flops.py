@@ -17,14 +17,13 @@ auxiliary head and the final resize; parameters likewise.
 ``--markdown`` prints one table row per config.
 """
 import argparse
-import json
 import os.path as osp
 
 from mmengine.config import Config, DictAction
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 
-from mmseg_mita.utils import write_atomic
+from mmseg_mita.utils import write_json
 
 
 def parse_args(argv=None):
@@ -117,14 +116,6 @@ def markdown_row(result: dict) -> str:
     return (f'| {osp.basename(result["config"])} | {h}x{w} | ' +
             ' | '.join(f'{v:.2f}' for v in g) +
             f' | {result["params"] / 1e6:.2f} |')
-
-
-def write_json(result: dict, path: str) -> None:
-    def dump(tmp):
-        with open(tmp, 'w') as f:
-            json.dump(result, f, indent=2)
-
-    write_atomic(path, dump)
 
 
 def main(argv=None):

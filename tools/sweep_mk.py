@@ -13,12 +13,11 @@ MiTA one. Prints the grid with the training setting marked ``*`` and writes
 larger than the patch grid of the test images are skipped.
 """
 import argparse
-import json
 import os.path as osp
 
 from mmengine.config import Config, DictAction
 
-from mmseg_mita.utils import write_atomic
+from mmseg_mita.utils import write_atomic, write_json
 
 BACKBONES = ('VisionTransformer', 'MiTAViT')
 
@@ -178,12 +177,7 @@ def main(argv=None):
     print('* = the setting the config trains with')
     png = osp.join(runner.work_dir, 'sweep_mk.png')
     plot_heatmap(results, args.pool_sizes, args.topks, trained, png)
-
-    def dump(tmp):
-        with open(tmp, 'w') as f:
-            json.dump(results, f, indent=1)
-
-    write_atomic(osp.join(runner.work_dir, 'sweep_mk.json'), dump)
+    write_json(results, osp.join(runner.work_dir, 'sweep_mk.json'))
     print(f'wrote {png} and sweep_mk.json')
     return results
 

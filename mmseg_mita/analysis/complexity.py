@@ -17,6 +17,7 @@ from mmcv.cnn.bricks.transformer import MultiheadAttention
 from mmengine.analysis import FlopAnalyzer, parameter_count
 
 from mmseg_mita.models.backbones import mita_vit
+from mmseg_mita.utils import check_int_pair
 from .flop_handles import ATTENTION_OPS, FLOP_HANDLES, call_mita_op
 
 ATTENTION_MODULES = (MultiheadAttention, nn.MultiheadAttention)
@@ -98,9 +99,7 @@ def segmentor_complexity(segmentor: nn.Module,
     ``neck_flops``, ``decode_head_flops``, ``params`` (inference path:
     backbone, neck, decode head; ``auxiliary_head_params`` separately).
     """
-    if len(shape) != 2 or not all(isinstance(s, int) and s > 0
-                                  for s in shape):
-        raise ValueError(f'shape must be (H, W) positive ints, got {shape!r}')
+    shape = check_int_pair(shape, 'shape')
     if segmentor.training:
         raise ValueError('segmentor is in training mode: call '
                          'segmentor.eval() first (inference is counted)')

@@ -24,13 +24,13 @@ import torch
 from mmengine.analysis.jit_handles import get_shape
 
 from mmseg_mita.ops import mita_attention
+from mmseg_mita.utils import check_int_pair
 
 MITA_OP = 'mmseg_mita_flops::mita_attention'
 
 # The parts of MiTA, as op names in the analyzer's counters.
 MITA_MATMULS = ('mita_key_logits', 'mita_shared_values', 'mita_routing',
                 'mita_routed_logits', 'mita_weighted_sum')
-MITA_LANDMARK_POOL = 'mita_landmark_pool'
 
 _LIB = torch.library.Library('mmseg_mita_flops', 'DEF')
 _LIB.define('mita_attention(Tensor q, Tensor k, Tensor v, int[] hw, '
@@ -121,7 +121,7 @@ def call_mita_op(q, k, v, hw: Sequence[int], *, num_extra_tokens: int = 1,
                  dropout_p: float = 0.0):
     """:func:`mmseg_mita.ops.mita_attention` as the single traced op
     :data:`MITA_OP` (same signature, same result)."""
-    pool = [pool_size] * 2 if isinstance(pool_size, int) else list(pool_size)
+    pool = list(check_int_pair(pool_size, 'pool_size'))
     return torch.ops.mmseg_mita_flops.mita_attention(
         q, k, v, list(hw), num_extra_tokens, pool, topk, backend,
         float(dropout_p))

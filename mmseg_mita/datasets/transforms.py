@@ -3,6 +3,8 @@ import numpy as np
 from mmcv.transforms import BaseTransform
 from mmseg.registry import TRANSFORMS
 
+from mmseg_mita.utils import check_int
+
 
 @TRANSFORMS.register_module()
 class CheckSegMap(BaseTransform):
@@ -24,11 +26,7 @@ class CheckSegMap(BaseTransform):
     """
 
     def __init__(self, num_classes: int, ignore_index: int = 255):
-        if isinstance(num_classes, bool) or not isinstance(
-                num_classes, int) or num_classes < 1:
-            raise ValueError(
-                f'num_classes must be an int >= 1, got {num_classes!r}')
-        self.num_classes = num_classes
+        self.num_classes = check_int(num_classes, 'num_classes')
         self.ignore_index = ignore_index
 
     def transform(self, results: dict) -> dict:

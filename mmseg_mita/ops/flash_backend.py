@@ -4,14 +4,22 @@ Each global expert is one varlen "sequence": its routed queries attend to
 ``[s R ; K_routed]`` with values ``[Vt ; V_routed]`` and softmax scale ``s``,
 which is exactly one softmax over the ``m`` compressed and ``k`` routed
 logits. One call, differentiable through flash-attn's own autograd.
+
+Contract (:mod:`.experts`): ``mita_flash(q, k, v, experts, dropout_p)`` for
+fp16/bf16 CUDA tensors with ``head_dim <= 256``, a multiple of 8;
+``dropout_p`` goes to flash-attn. Experts that receive no query are left
+out of the call (no empty varlen sequence); finding them, and the longest
+query sequence, reads two numbers on the host.
 """
 import importlib.util
 from functools import lru_cache
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .experts import MiTAExperts
 from .routing import gather_routed, sort_by_expert
 
 
@@ -25,7 +33,8 @@ def flash_attn_available() -> bool:
     return torch.cuda.is_available() and _flash_attn_installed()
 
 
-def expert_key_sets(k: Tensor, v: Tensor, experts) -> tuple:
+def expert_key_sets(k: Tensor, v: Tensor,
+                    experts: MiTAExperts) -> Tuple[Tensor, Tensor]:
     """Keys ``[s R ; K_routed]`` and values ``[Vt ; V_routed]`` of every
     global expert, [G * m, m + k, d] each (the m shared keys are repeated
     per expert: m * (m + k) rows per group, independent of N)."""
@@ -40,7 +49,7 @@ def expert_key_sets(k: Tensor, v: Tensor, experts) -> tuple:
     return keys, values
 
 
-def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts,
+def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                dropout_p: float = 0.0) -> Tensor:
     from flash_attn import flash_attn_varlen_func
 
@@ -52,9 +61,13 @@ def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts,
     keys_per_expert = keys.shape[1]
 
     order, _, counts = sort_by_expert(experts.expert, m)
+    used = counts.nonzero().squeeze(1)  # experts that receive a query
+    counts = counts.index_select(0, used)
+    keys, values = keys.index_select(0, used), values.index_select(0, used)
     cu_q = F.pad(torch.cumsum(counts, 0), (1, 0)).to(torch.int32)
     cu_k = torch.arange(
-        g * m + 1, device=q.device, dtype=torch.int32) * keys_per_expert
+        used.numel() + 1, device=q.device,
+        dtype=torch.int32) * keys_per_expert
     q_sorted = q.reshape(g * n, d).index_select(0, order)
     out = flash_attn_varlen_func(
         q_sorted.unsqueeze(1), keys.reshape(-1, 1, d),

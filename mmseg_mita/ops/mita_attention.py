@@ -14,46 +14,26 @@ Per head, with ``s = head_dim ** -0.5`` and the ``N`` tokens laid out as
 
 Every query therefore sees ``m + k`` keys instead of ``N``. The operator has
 no parameters, so a full-attention checkpoint runs under it unchanged.
+
+:func:`mita_attention` checks its arguments, computes the shared part
+(:func:`~.experts.compute_experts`) and hands it to a backend (the seam is
+documented in :mod:`.experts`). The plain per-query definition is
+:func:`~.naive.naive_mita`.
 """
-from typing import NamedTuple, Sequence, Tuple, Union
+from typing import Dict, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from mmseg_mita.utils import IntPair, check_choice, check_int, check_int_pair
+from .experts import Backend, compute_experts
 from .flash_backend import flash_attn_available, mita_flash
-from .torch_backend import mita_torch, softmax_fp32
+from .torch_backend import mita_torch
 
 BACKENDS = ('auto', 'torch', 'flash')
 
-IntPair = Union[int, Sequence[int]]
-
-
-class MiTAExperts(NamedTuple):
-    """What every backend needs, computed once from q, k and v.
-
-    Shapes use ``G = B * num_heads`` flattened groups:
-    ``landmarks`` [G, m, d]; ``shared_values`` (Vt) [G, m, d];
-    ``route_logits`` [G, N, m]: ``s^2 q . R``, the compressed logits (the
-    argmax over m routes each query: the scale does not change it);
-    ``expert`` (argmax routing) [G, N]; ``topk_index`` [G, m, k].
-    """
-    landmarks: Tensor
-    shared_values: Tensor
-    route_logits: Tensor
-    expert: Tensor
-    topk_index: Tensor
-
-
-def _pair(value: IntPair, name: str) -> Tuple[int, int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value, value)
-    value = tuple(value)
-    if len(value) != 2 or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ValueError(f'{name} must be an int or a pair of ints, '
-                         f'got {value!r}')
-    return value
+_BACKEND_FUNCTIONS: Dict[str, Backend] = dict(torch=mita_torch,
+                                              flash=mita_flash)
 
 
 def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
@@ -72,12 +52,8 @@ def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
                          '[B, num_heads, N, head_dim], got '
                          f'q={tuple(q.shape)}, k={tuple(k.shape)}, '
                          f'v={tuple(v.shape)}')
-    hw = _pair(hw, 'hw')
-    if min(hw) < 1:
-        raise ValueError(f'hw must be positive, got {hw}')
-    if not isinstance(num_extra_tokens, int) or num_extra_tokens < 0:
-        raise ValueError('num_extra_tokens must be an int >= 0, '
-                         f'got {num_extra_tokens!r}')
+    hw = check_int_pair(hw, 'hw')
+    check_int(num_extra_tokens, 'num_extra_tokens', minimum=0)
     n = q.shape[2]
     if n != num_extra_tokens + hw[0] * hw[1]:
         raise ValueError(
@@ -86,11 +62,8 @@ def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
             f'{hw[0]} * {hw[1]} = {num_extra_tokens + hw[0] * hw[1]}; pass '
             'the patch grid of these tokens and the number of extra '
             '(cls) tokens in front of them')
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f'topk must be an int >= 1, got {topk!r}')
-    pool_size = _pair(pool_size, 'pool_size')
-    if min(pool_size) < 1:
-        raise ValueError(f'pool_size must be >= 1, got {pool_size}')
+    check_int(topk, 'topk')
+    pool_size = check_int_pair(pool_size, 'pool_size')
     if pool_size[0] > hw[0] or pool_size[1] > hw[1]:
         raise ValueError(
             f'pool_size={pool_size} is larger than the patch grid hw={hw}: '
@@ -99,36 +72,10 @@ def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
     return hw, pool_size
 
 
-def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
-                    num_extra_tokens: int, pool_size: Tuple[int, int],
-                    topk: int) -> MiTAExperts:
-    """Landmarks, shared expert, routing and top-k selection.
-
-    ``R . K^T`` serves both the top-k selection and the shared expert;
-    ``R . Q^T`` serves both the routing and the compressed logits.
-    """
-    b, h, n, d = q.shape
-    g = b * h
-    q, k, v = (t.reshape(g, n, d) for t in (q, k, v))
-    patches = q[:, num_extra_tokens:].transpose(1, 2).reshape(g, d, *hw)
-    landmarks = F.adaptive_avg_pool2d(patches, pool_size).flatten(2)
-    landmarks = landmarks.transpose(1, 2)  # [G, m, d]
-    key_logits = landmarks @ k.transpose(1, 2)  # [G, m, N]
-    topk_index = key_logits.topk(min(topk, n), dim=-1, sorted=False).indices
-    shared_probs = softmax_fp32(key_logits.mul_(d**-0.5))
-    shared_values = shared_probs.to(v.dtype) @ v
-    route_logits = q @ (landmarks * d**-1).transpose(1, 2)  # [G, N, m]
-    expert = route_logits.argmax(dim=-1)
-    return MiTAExperts(landmarks, shared_values, route_logits, expert,
-                       topk_index)
-
-
 def resolve_backend(backend: str, q: Tensor) -> str:
     """Pick a backend: 'flash' for fp16/bf16 CUDA tensors when flash-attn is
     installed, 'torch' otherwise."""
-    if backend not in BACKENDS:
-        raise ValueError(f'backend must be one of {BACKENDS}, '
-                         f'got {backend!r}')
+    check_choice(backend, 'backend', BACKENDS)
     if backend == 'auto':
         fast = (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
                 and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0)
@@ -168,7 +115,6 @@ def mita_attention(q: Tensor,
                                     topk)
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
-    backend = resolve_backend(backend, q)
+    run = _BACKEND_FUNCTIONS[resolve_backend(backend, q)]
     experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk)
-    run = mita_flash if backend == 'flash' else mita_torch
     return run(q, k, v, experts, dropout_p)

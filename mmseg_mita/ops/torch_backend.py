@@ -1,5 +1,9 @@
 """Pure PyTorch MiTA backend: blocked attention over per-expert key sets.
 
+Contract (:mod:`.experts`): ``mita_torch(q, k, v, experts, dropout_p)`` on
+any device and floating dtype; autograd reaches ``q``, ``k``, ``v``,
+``experts.route_logits`` and ``experts.shared_values``.
+
 The queries, sorted by expert, sit in blocks of ``block`` slots that all
 belong to one expert (:func:`~.routing.block_layout`; unused slots hold a
 zero query whose output is dropped). Per query the logits are
@@ -19,14 +23,8 @@ adding them into ``dk``/``dv``.
 import torch
 from torch import Tensor
 
+from .experts import MiTAExperts, softmax_fp32
 from .routing import BlockLayout, block_layout, routed_index
-
-
-def softmax_fp32(logits: Tensor) -> Tensor:
-    """Softmax over the last dim, in float32 at least (fp16/bf16 inputs)."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    return torch.softmax(logits, dim=-1)
 
 
 def _to_slots(x: Tensor, slot: Tensor, num_slots: int) -> Tensor:
@@ -72,7 +70,8 @@ class ExpertBlockAttention(torch.autograd.Function):
             q_slots, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
             d**-0.5)
         del q_slots
-        probs = _softmax_(torch.cat([compressed, routed], dim=-1))
+        probs = softmax_fp32(torch.cat([compressed, routed], dim=-1),
+                             inplace=True)
         del compressed, routed
 
         mask = None
@@ -168,16 +167,11 @@ def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
     return out.baddbmm_(a, b, beta=0, alpha=scale)
 
 
-def _softmax_(logits: Tensor) -> Tensor:
-    """Softmax over the last dim, in place for float32/float64; a new
-    float32 tensor for fp16/bf16."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        return torch.softmax(logits.float(), dim=-1)
-    return torch.softmax(logits, dim=-1, out=logits)
-
-
-def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts,
+def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                dropout_p: float = 0.0) -> Tensor:
+    """The torch backend (see :mod:`.experts` for the contract): any device
+    and dtype, dropout included; under autocast it computes in the autocast
+    dtype."""
     b, h, n, d = q.shape
     g = b * h
     m = experts.landmarks.shape[1]

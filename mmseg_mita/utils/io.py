@@ -1,4 +1,5 @@
 """Atomic writes for every file a tool produces."""
+import json
 import os
 import os.path as osp
 import tempfile
@@ -23,3 +24,17 @@ def write_atomic(path: str, write: Callable[[str], None]) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_json(obj, path: str, indent: int = 1) -> None:
+    """``obj`` as JSON to ``path`` (atomically), or to stdout for ``'-'``."""
+    text = json.dumps(obj, indent=indent)
+    if path == '-':
+        print(text)
+        return
+
+    def write(tmp):
+        with open(tmp, 'w') as f:
+            f.write(text + '\n')
+
+    write_atomic(path, write)

@@ -1,32 +1,9 @@
 """The MiTA operator against a plain dense, per-query reference (float64)."""
 import pytest
 import torch
-import torch.nn.functional as F
+from mita_testing import random_qkv, reference
 
 from mmseg_mita.ops import mita_attention
-
-
-def reference_mita(q, k, v, hw, num_extra_tokens, pool_size, topk):
-    """Obviously-correct MiTA: a Python loop over batch, heads and queries."""
-    b, h, n, d = q.shape
-    s = d**-0.5
-    out = torch.empty_like(q)
-    for bi in range(b):
-        for hi in range(h):
-            qh, kh, vh = q[bi, hi], k[bi, hi], v[bi, hi]
-            grid = qh[num_extra_tokens:].T.reshape(1, d, *hw)
-            lm = F.adaptive_avg_pool2d(grid, pool_size).reshape(d, -1).T
-            key_scores = lm @ kh.T
-            chosen = key_scores.topk(min(topk, n), dim=-1).indices
-            shared_v = torch.softmax(s * key_scores, dim=-1) @ vh
-            for i in range(n):
-                e = int(torch.argmax(lm @ qh[i]))
-                keys = torch.cat([s * lm, kh[chosen[e]]])
-                values = torch.cat([shared_v, vh[chosen[e]]])
-                p = torch.softmax(s * (keys @ qh[i]), dim=0)
-                out[bi, hi, i] = p @ values
-    return out
-
 
 CASES = [
     # B, heads, hw, extra, pool, topk
@@ -39,21 +16,13 @@ CASES = [
 ]
 
 
-def _inputs(b, h, n, d, dtype=torch.float64, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        torch.randn(b, h, n, d, generator=gen, dtype=dtype).requires_grad_()
-        for _ in range(3)
-    ]
-
-
 @pytest.mark.parametrize('b,h,hw,extra,pool,topk', CASES)
 def test_torch_backend_matches_reference(b, h, hw, extra, pool, topk):
     n = extra + hw[0] * hw[1]
-    q, k, v = _inputs(b, h, n, 16)
+    q, k, v = random_qkv(b, h, n, 16)
     out = mita_attention(q, k, v, hw, num_extra_tokens=extra,
                          pool_size=pool, topk=topk, backend='torch')
-    ref = reference_mita(q, k, v, hw, extra, pool, topk)
+    ref = reference(q, k, v, hw, extra, pool, topk)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
     grad = torch.randn_like(out)
@@ -73,18 +42,18 @@ def test_all_queries_routed_to_one_expert():
     base = torch.randn(d, generator=gen, dtype=torch.float64)
     q = (base + 0.01 * torch.randn(b, h, n, d, generator=gen,
                                    dtype=torch.float64)).requires_grad_()
-    k, v = _inputs(b, h, n, d, seed=2)[:2]
+    k, v = random_qkv(b, h, n, d, seed=2)[:2]
     out = mita_attention(q, k, v, hw, pool_size=3, topk=5, backend='torch')
-    ref = reference_mita(q, k, v, hw, 1, 3, 5)
+    ref = reference(q, k, v, hw, 1, 3, 5)
     torch.testing.assert_close(out, ref)
 
 
 def test_float32_close_to_float64_reference():
     hw = (9, 10)
-    q, k, v = _inputs(2, 3, 1 + 90, 32)
+    q, k, v = random_qkv(2, 3, 1 + 90, 32)
     out = mita_attention(q.float(), k.float(), v.float(), hw, pool_size=3,
                          topk=9, backend='torch')
-    ref = reference_mita(q, k, v, hw, 1, 3, 9)
+    ref = reference(q, k, v, hw, 1, 3, 9)
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
 
 

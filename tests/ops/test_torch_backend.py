@@ -2,16 +2,16 @@
 of the torch backend, against the dense float64 reference."""
 import pytest
 import torch
-from test_mita_attention import _inputs, reference_mita
+from mita_testing import random_qkv, reference
 
 from mmseg_mita.ops import mita_attention
-from mmseg_mita.ops.benchmark import peak_memory
+from mmseg_mita.benchmarks import peak_memory
 
 
 def _check_against_reference(q, k, v, hw, extra, pool, topk, **kwargs):
     out = mita_attention(q, k, v, hw, num_extra_tokens=extra, pool_size=pool,
                          topk=topk, backend='torch', **kwargs)
-    ref = reference_mita(q, k, v, hw, extra, pool, topk)
+    ref = reference(q, k, v, hw, extra, pool, topk)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(out)
     inputs = [t for t in (q, k, v) if t.requires_grad]
@@ -28,7 +28,7 @@ def _check_against_reference(q, k, v, hw, extra, pool, topk, **kwargs):
 ])
 def test_worst_cases_match_reference(b, h, hw, extra, pool, topk):
     n = extra + hw[0] * hw[1]
-    _check_against_reference(*_inputs(b, h, n, 8), hw, extra, pool, topk)
+    _check_against_reference(*random_qkv(b, h, n, 8), hw, extra, pool, topk)
 
 
 def test_one_expert_gets_every_query_with_gradients():
@@ -38,31 +38,31 @@ def test_one_expert_gets_every_query_with_gradients():
     base = torch.randn(d, generator=gen, dtype=torch.float64)
     q = (base + 0.01 * torch.randn(1, 2, n, d, generator=gen,
                                    dtype=torch.float64)).requires_grad_()
-    k, v = _inputs(1, 2, n, d, seed=4)[:2]
+    k, v = random_qkv(1, 2, n, d, seed=4)[:2]
     _check_against_reference(q, k, v, hw, 1, 3, 5)
 
 
 @pytest.mark.parametrize('needs', ['q', 'k', 'v', 'kv', 'qv'])
-def test_gradients_of_a_subset_of_inputs(needs):
+def test_gradients_of_a_subset_ofrandom_qkv(needs):
     hw = (6, 5)
     q, k, v = (t.detach().requires_grad_(name in needs)
-               for name, t in zip('qkv', _inputs(2, 2, 31, 8)))
+               for name, t in zip('qkv', random_qkv(2, 2, 31, 8)))
     _check_against_reference(q, k, v, hw, 1, 2, 6)
 
 
 def test_no_grad_forward_matches_reference():
-    q, k, v = _inputs(1, 2, 26, 8)
+    q, k, v = random_qkv(1, 2, 26, 8)
     with torch.no_grad():
         out = mita_attention(q, k, v, (5, 5), pool_size=2, topk=4,
                              backend='torch')
-    torch.testing.assert_close(out, reference_mita(q, k, v, (5, 5), 1, 2, 4),
+    torch.testing.assert_close(out, reference(q, k, v, (5, 5), 1, 2, 4),
                                rtol=1e-10, atol=1e-10)
 
 
 def test_dropout_gradients_are_exact_for_the_sampled_mask():
     # Reseeding gives every run the same mask, so the hand-written backward
     # must match a central finite difference along a random direction.
-    q, k, v = _inputs(1, 2, 26, 8)
+    q, k, v = random_qkv(1, 2, 26, 8)
 
     def loss(q, k, v, weight):
         torch.manual_seed(0)
@@ -101,7 +101,7 @@ def test_bad_dropout_is_rejected():
 def test_bfloat16_close_to_float32():
     # The same bf16-rounded inputs in float32 and in bfloat16; topk >= N so
     # that rounding cannot swap a routed key (a legitimate difference).
-    q, k, v = (t.detach().bfloat16() for t in _inputs(2, 2, 65, 32))
+    q, k, v = (t.detach().bfloat16() for t in random_qkv(2, 2, 65, 32))
     full = [t.float().requires_grad_() for t in (q, k, v)]
     low = [t.requires_grad_() for t in (q, k, v)]
     outs = [

@@ -24,3 +24,14 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):
         write_atomic(str(path), fail)
     assert path.read_text() == 'old'
     assert os.listdir(tmp_path) == ['out.json']
+
+
+def test_write_json_to_file_and_stdout(tmp_path, capsys):
+    import json
+
+    from mmseg_mita.utils import write_json
+    path = tmp_path / 'r.json'
+    write_json({'a': [1, 2]}, str(path))
+    assert json.loads(path.read_text()) == {'a': [1, 2]}
+    write_json({'b': 1}, '-')
+    assert json.loads(capsys.readouterr().out) == {'b': 1}

@@ -8,6 +8,7 @@ from mmseg.models.backbones import VisionTransformer
 from mmseg.registry import MODELS
 
 from mmseg_mita.ops import BACKENDS, mita_attention
+from mmseg_mita.utils import check_choice, check_int, check_int_pair
 from .state_dict_check import check_state_dict_fits
 
 MITA_DEFAULTS = dict(pool_size=7, topk=49, layers='all', backend='auto')
@@ -71,18 +72,9 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int) -> Optional[dict]:
         raise ValueError(f'mita_cfg has unknown keys {sorted(unknown)}; '
                          f'valid keys are {sorted(MITA_DEFAULTS)}')
     cfg = {**MITA_DEFAULTS, **mita_cfg}
-    topk = cfg['topk']
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f'mita_cfg.topk must be an int >= 1, got {topk!r}')
-    pool = cfg['pool_size']
-    pool = (pool, pool) if isinstance(pool, int) else tuple(pool)
-    if len(pool) != 2 or not all(isinstance(p, int) and p >= 1 for p in pool):
-        raise ValueError('mita_cfg.pool_size must be an int >= 1 or a pair '
-                         f'of them, got {cfg["pool_size"]!r}')
-    cfg['pool_size'] = pool
-    if cfg['backend'] not in BACKENDS:
-        raise ValueError(f'mita_cfg.backend must be one of {BACKENDS}, '
-                         f'got {cfg["backend"]!r}')
+    check_int(cfg['topk'], 'mita_cfg.topk')
+    cfg['pool_size'] = check_int_pair(cfg['pool_size'], 'mita_cfg.pool_size')
+    check_choice(cfg['backend'], 'mita_cfg.backend', BACKENDS)
     layers = cfg['layers']
     if layers == 'all':
         layers = list(range(num_layers))

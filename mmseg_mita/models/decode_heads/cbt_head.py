@@ -19,7 +19,7 @@ masks are their cosine similarities, and a LayerNorm over the classes gives
 the logits ``[B, num_classes, h, w]``. Attention between the ``T`` tokens
 thus goes through ``p^2`` representatives: cost ``O(T p^2)``, not ``O(T^2)``.
 """
-from typing import Sequence, Tuple, Union
+from typing import Tuple
 
 import torch
 import torch.nn as nn
@@ -28,24 +28,7 @@ from mmseg.models.decode_heads.decode_head import BaseDecodeHead
 from mmseg.registry import MODELS
 from torch import Tensor
 
-IntPair = Union[int, Sequence[int]]
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be an int >= 1, got {value!r}')
-    return value
-
-
-def _pool_pair(value: IntPair) -> Tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p >= 1
-            for p in pair):
-        raise ValueError('pool_size must be an int >= 1 or a pair of them, '
-                         f'got {value!r}')
-    return pair
-
+from mmseg_mita.utils import IntPair, check_int, check_int_pair
 
 class ContractBroadcastAttention(nn.Module):
     """Contract-and-broadcast self-attention of ``num_patches`` patch tokens
@@ -134,8 +117,8 @@ class CBTHead(BaseDecodeHead):
         for name, value in (('num_layers', num_layers),
                             ('num_heads', num_heads),
                             ('head_dims', head_dims)):
-            _positive_int(value, name)
-        pool_size = _pool_pair(pool_size)
+            check_int(value, name)
+        pool_size = check_int_pair(pool_size, 'pool_size')
         if kwargs.setdefault('dropout_ratio', 0.0):
             raise ValueError('CBTHead applies no dropout: leave dropout_ratio '
                              f'out or 0, got {kwargs["dropout_ratio"]!r}')

@@ -21,7 +21,6 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mmseg_mita.utils import write_atomic
 
 
 def synchronize(device: torch.device) -> None:
@@ -123,16 +122,3 @@ def machine_info(device: torch.device) -> Dict[str, object]:
     if device.type == 'cuda':
         info['gpu'] = torch.cuda.get_device_name(device)
     return info
-
-
-def save_json(result: dict, path: str) -> None:
-    """Write ``result`` to ``path`` as JSON, or to stdout for ``'-'``."""
-    if path == '-':
-        print(json.dumps(result, indent=1))
-        return
-
-    def write(tmp):
-        with open(tmp, 'w') as f:
-            json.dump(result, f, indent=1)
-
-    write_atomic(path, write)

@@ -5,7 +5,7 @@ import os.path as osp
 import pytest
 import torch
 
-from mmseg_mita.ops.benchmark import peak_memory, time_interleaved
+from mmseg_mita.benchmarks import peak_memory, time_interleaved
 
 CPU = torch.device('cpu')
 
