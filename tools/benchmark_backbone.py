@@ -22,6 +22,7 @@ from mmengine.config import Config, DictAction
 
 from mmseg_mita.benchmarks import (machine_info, peak_memory, summarize,
                                    time_interleaved)
+from mmseg_mita.utils import write_json
 
 
 def parse_args(argv=None):
