@@ -1,8 +1,10 @@
 """Helpers shared by the tests that run mmseg's tools in a subprocess."""
 import os
 import os.path as osp
+import struct
 import subprocess
 import sys
+import zipfile
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
@@ -65,3 +67,21 @@ PROBE_ENV = {
         filter(None, [osp.dirname(osp.abspath(__file__)),
                       os.environ.get('PYTHONPATH')]))
 }
+
+
+def flip_bit_in_tensor(path):
+    """The bytes of torch's zip checkpoint ``path`` with one bit flipped in
+    the middle of its largest stored tensor (``torch.load`` alone reads
+    such a file without complaint)."""
+    with open(path, 'rb') as f:
+        data = bytearray(f.read())
+    with zipfile.ZipFile(path) as archive:
+        member = max((i for i in archive.infolist() if '/data/' in
+                      i.filename), key=lambda i: i.file_size)
+    assert member.compress_type == zipfile.ZIP_STORED
+    # local header: 30 bytes, then the name and the extra field
+    name_len, extra_len = struct.unpack_from('<HH', data,
+                                             member.header_offset + 26)
+    start = member.header_offset + 30 + name_len + extra_len
+    data[start + member.file_size // 2] ^= 0x10
+    return bytes(data)
