@@ -51,7 +51,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.datasets import BaseSegDataset
 
-from mmseg_mita.converters.loading import zip_damage
+from mmseg_mita.converters.loading import is_zip, zip_damage
 
 _PATCHED = '_mmseg_mita_patched'
 
@@ -84,15 +84,10 @@ def load_local_checkpoint(filename, map_location=None):
     except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
         # An intact zip failing is not damage; the legacy format (a pickle
         # stream) or no checkpoint at all ends in a pickle error or EOF.
-        if _is_zip(filename) or not (isinstance(
+        if is_zip(filename) or not (isinstance(
                 e, (pickle.UnpicklingError, EOFError)) or 'EOF' in str(e)):
             raise
         raise _damaged(filename, f'{type(e).__name__}: {e}') from e
-
-
-def _is_zip(filename: str) -> bool:
-    with open(filename, 'rb') as f:
-        return f.read(4) == b'PK\x03\x04'
 
 
 def _damaged(filename: str, cause: str) -> ValueError:

@@ -34,12 +34,17 @@ class NpzWeights(dict):
     """``{name: np.ndarray}`` read from a NumPy ``.npz`` archive."""
 
 
+def is_zip(path: str) -> bool:
+    """The file starts as a zip archive (torch's format since 1.6, .npz)."""
+    with open(path, 'rb') as f:
+        return f.read(4) == b'PK\x03\x04'
+
+
 def zip_damage(path: str) -> Optional[str]:
     """Why the zip archive at ``path`` is damaged (unreadable directory, a
     member failing its CRC-32 check), or None if it is intact or no zip."""
-    with open(path, 'rb') as f:
-        if f.read(4) != b'PK\x03\x04':
-            return None
+    if not is_zip(path):
+        return None
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
