@@ -46,3 +46,20 @@ def test_demo_flops_and_params_are_the_counted_ones(name):
     counted = segmentor_complexity(model, (96, 96))
     assert meta['FLOPs (G)'] == round(counted['flops'] / 1e9, 2)
     assert meta['Parameters (M)'] == round(counted['params'] / 1e6, 2)
+
+
+def test_ade20k_flops_and_params_are_those_of_docs_flops():
+    """The card repeats docs/flops.md's table (tools/get_flops.py on every
+    ADE20K config, too slow to rerun in the tests)."""
+    with open(osp.join(ROOT, 'docs', 'flops.md')) as f:
+        rows = [[c.strip() for c in line.strip().strip('|').split('|')]
+                for line in f if 'ade20k' in line and '|' in line]
+    table = {
+        cells[0][:-3]: (float(cells[2]), float(cells[7]))
+        for cells in rows if len(cells) == 8
+    }
+    ade20k = {name: model['Metadata'] for name, model in _models().items()
+              if 'ade20k' in name}
+    assert sorted(table) == sorted(ade20k)
+    for name, meta in ade20k.items():
+        assert (meta['FLOPs (G)'], meta['Parameters (M)']) == table[name]
