@@ -12,14 +12,20 @@ leaves the CUDA code path as mmengine wrote it.
   Local checkpoint files are loaded as mmengine was written to load them
   (full unpickling, torch's behaviour before 2.6): as before, load only
   checkpoints you trust. A corrupt or truncated file is reported as such,
-  with its path and size, instead of torch's zip/pickle internals.
+  with its path and size, instead of torch's zip/pickle internals; a zip
+  checkpoint whose member fails its CRC-32 check (a flipped bit, which
+  ``torch.load`` does not notice) is reported before it is loaded.
 * Distributed training without CUDA (``--launcher pytorch|slurm`` with the
   gloo backend). mmengine's launchers call ``torch.cuda.set_device`` and
   its runner gives ``MMDistributedDataParallel`` ``device_ids``; both are
   fatal on a CPU machine. There, the device is not set, ``nccl`` (mmseg's
   default ``env_cfg.dist_cfg``) falls back to ``gloo``, and modules whose
   parameters are on the CPU are wrapped without ``device_ids``, which is
-  what torch's DDP requires for CPU modules.
+  what torch's DDP requires for CPU modules. A gloo process group still
+  alive when the interpreter exits makes the process abort now and then
+  (``terminate called without an active exception``, exit status -6,
+  after all the work succeeded), so these processes destroy their process
+  group at exit.
 * ``--amp`` without CUDA. mmengine's ``AmpOptimWrapper`` asserts an
   accelerator, although its ``autocast`` supports the CPU (bfloat16). On
   CPU it autocasts to bfloat16 without loss scaling: bfloat16 has the
@@ -29,13 +35,14 @@ leaves the CUDA code path as mmengine wrote it.
   forever on zero indices. mmseg's datasets now fail at construction,
   naming ``data_root`` and the folder.
 """
+import atexit
 import contextlib
 import functools
 import os.path as osp
 import pickle
-import zipfile
 
 import torch
+import torch.distributed as dist
 from mmengine.device import get_device
 from mmengine.dist import utils as dist_utils
 from mmengine.logging import print_log
@@ -43,6 +50,8 @@ from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.datasets import BaseSegDataset
+
+from mmseg_mita.converters.loading import is_zip, zip_damage
 
 _PATCHED = '_mmseg_mita_patched'
 
@@ -66,35 +75,28 @@ def load_local_checkpoint(filename, map_location=None):
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
+    damage = zip_damage(filename)
+    if damage is not None:
+        raise _damaged(filename, damage)
     try:
         return torch.load(
             filename, map_location=map_location, weights_only=False)
     except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
-        if not _is_damaged(filename, e):
+        # An intact zip failing is not damage; the legacy format (a pickle
+        # stream) or no checkpoint at all ends in a pickle error or EOF.
+        if is_zip(filename) or not (isinstance(
+                e, (pickle.UnpicklingError, EOFError)) or 'EOF' in str(e)):
             raise
-        raise ValueError(
-            f'checkpoint {filename} ({osp.getsize(filename)} bytes) is '
-            'corrupt or truncated, e.g. by an interrupted download, copy or '
-            f'save ({type(e).__name__}: {e}). Download, convert or save it '
-            'again; to resume from an earlier checkpoint instead, add '
-            '`--cfg-options load_from=PATH` to `--resume`.') from e
+        raise _damaged(filename, f'{type(e).__name__}: {e}') from e
 
 
-def _is_damaged(filename: str, error: Exception) -> bool:
-    """Whether ``torch.load`` failed because the file itself is broken."""
-    try:
-        with open(filename, 'rb') as f:
-            magic = f.read(4)
-        if magic == b'PK\x03\x04':  # torch's zip format: check every CRC
-            with zipfile.ZipFile(filename) as archive:
-                return archive.testzip() is not None
-    except zipfile.BadZipFile:  # e.g. truncated: no central directory
-        return True
-    except OSError:
-        return False
-    # torch's legacy format (a pickle stream) or no checkpoint at all
-    return isinstance(error, (pickle.UnpicklingError, EOFError)) or \
-        'EOF' in str(error)
+def _damaged(filename: str, cause: str) -> ValueError:
+    return ValueError(
+        f'checkpoint {filename} ({osp.getsize(filename)} bytes) is corrupt '
+        'or truncated, e.g. by an interrupted download, copy or save '
+        f'({cause}). Download, convert or save it again; to resume from an '
+        'earlier checkpoint instead, add `--cfg-options load_from=PATH` to '
+        '`--resume`.')
 
 
 def allow_mmengine_checkpoints() -> None:
@@ -131,9 +133,17 @@ def _cpu_launcher(init):
                 logger='current')
             backend = 'gloo'
         with _cuda_set_device_skipped():
-            return init(backend, *args, **kwargs)
+            init(backend, *args, **kwargs)
+        atexit.register(_destroy_process_group)
 
     return wrapper
+
+
+def _destroy_process_group() -> None:
+    """Tear the default process group down before the interpreter exits
+    (with it still alive, gloo aborts the process now and then)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _cpu_ddp(init):

@@ -19,3 +19,14 @@ def demo_data(tmp_path_factory):
     out = str(tmp_path_factory.mktemp('data') / 'demo_ade')
     make_dataset(out, num_train=16, num_val=4, size=96, seed=0)
     return out
+
+
+@pytest.fixture(scope='session')
+def trained(repo_root, demo_data, tmp_path_factory):
+    """Work dir of the demo config trained for 4 iterations by
+    tools/train.py (``iter_4.pth``; validated at the end)."""
+    from helpers import DEMO_CONFIG, data_opts, run_python
+    work_dir = str(tmp_path_factory.mktemp('work'))
+    run_python(repo_root, ['tools/train.py', DEMO_CONFIG, '--work-dir',
+                           work_dir, '--cfg-options'] + data_opts(demo_data))
+    return work_dir

@@ -1,8 +1,14 @@
 """Helpers shared by the tests that run mmseg's tools in a subprocess."""
 import os
 import os.path as osp
+import re
+import struct
 import subprocess
 import sys
+import zipfile
+
+from make_demo_data import CLASSES
+from run_demo import majority_class_miou
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
@@ -28,6 +34,27 @@ def data_opts(data_root, iters=4):
     for split in ('train', 'val', 'test'):
         opts.append(f'{split}_dataloader.dataset.data_root={data_root}')
     return opts
+
+
+def last_miou(out):
+    """The last ``mIoU: X`` that mmseg printed in ``out``."""
+    found = re.findall(r'mIoU: ([0-9.]+)', out)
+    assert found, 'mmseg printed no mIoU:\n' + out[-3000:]
+    return float(found[-1])
+
+
+def assert_beats_majority_class(miou, data_root):
+    """``miou`` is above the mIoU of predicting the most frequent class
+    everywhere on the validation set of ``data_root`` (the best a model
+    that ignores its input can reach).
+
+    The demo model after 4 iterations: 16.52 (16.26 with --tta) against
+    10.46 on the 4 validation images of the ``demo_data`` fixture."""
+    baseline = majority_class_miou(
+        osp.join(data_root, 'annotations', 'validation'), len(CLASSES))
+    assert miou > baseline, (
+        f'mIoU {miou:.2f} is not above the majority-class baseline '
+        f'{baseline:.2f}: the predictions do not depend on the image')
 
 
 def run(repo_root, cmd, returncode=0, env=None):
@@ -65,3 +92,21 @@ PROBE_ENV = {
         filter(None, [osp.dirname(osp.abspath(__file__)),
                       os.environ.get('PYTHONPATH')]))
 }
+
+
+def flip_bit_in_tensor(path):
+    """The bytes of torch's zip checkpoint ``path`` with one bit flipped in
+    the middle of its largest stored tensor (``torch.load`` alone reads
+    such a file without complaint)."""
+    with open(path, 'rb') as f:
+        data = bytearray(f.read())
+    with zipfile.ZipFile(path) as archive:
+        member = max((i for i in archive.infolist() if '/data/' in
+                      i.filename), key=lambda i: i.file_size)
+    assert member.compress_type == zipfile.ZIP_STORED
+    # local header: 30 bytes, then the name and the extra field
+    name_len, extra_len = struct.unpack_from('<HH', data,
+                                             member.header_offset + 26)
+    start = member.header_offset + 30 + name_len + extra_len
+    data[start + member.file_size // 2] ^= 0x10
+    return bytes(data)

@@ -1,5 +1,13 @@
 """Mixed precision on CPU: bfloat16 autocast through the MiTA op, the
-backbone, mmengine's AmpOptimWrapper and `tools/train.py --amp`."""
+backbone, mmengine's AmpOptimWrapper and `tools/train.py --amp`.
+
+Tolerances are calibrated the way flash-attention's tests calibrate theirs:
+the error of MiTA under autocast to MiTA in float64 (on the same input
+values) may be at most twice the error that plain full attention
+(``F.scaled_dot_product_attention``) makes under the same autocast to its
+own float64 result. Full attention put in MiTA's place is ~10x off.
+"""
+import copy
 import glob
 import json
 import math
@@ -7,6 +15,7 @@ import os.path as osp
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mmengine.optim import AmpOptimWrapper
 
 from helpers import DEMO_CONFIG, data_opts, run_python
@@ -34,27 +43,66 @@ def _qkv(scale=1.0):
     return x, split(qkv16), split(qkv32)
 
 
-def test_bf16_matches_fp32_when_routing_cannot_flip():
+def _mita(topk):
+    return lambda q, k, v: mita_attention(q, k, v, HW, pool_size=4,
+                                          topk=topk)
+
+
+def _full_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def _outputs_and_grads(fn, inputs, grad, autocast):
+    """``fn``'s output and its gradients w.r.t. ``inputs`` (fresh leaves)
+    for the output gradient ``grad``, with or without bfloat16 autocast."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        out = fn(*leaves)
+    return [out] + list(torch.autograd.grad(out, leaves, grad.to(out)))
+
+
+def _autocast_errors(fn, inputs):
+    """Largest absolute error of out, dq, dk, dv of ``fn`` under autocast to
+    ``fn`` in float64 on the same values."""
+    exact = [t.detach().double() for t in inputs]
+    grad = torch.randn(exact[0].shape, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(1))
+    want = _outputs_and_grads(fn, exact, grad, autocast=False)
+    got = _outputs_and_grads(fn, inputs, grad, autocast=True)
+    return [float((g.double() - w).abs().max()) for g, w in zip(got, want)]
+
+
+def _assert_as_close_as_full_attention(inputs, topk=N):
+    errors = _autocast_errors(_mita(topk), inputs)
+    baseline = _autocast_errors(_full_attention, inputs)
+    for name, err, base in zip(('out', 'dq', 'dk', 'dv'), errors, baseline):
+        # measured: at most 1.6x (dq)
+        assert err <= 2 * base + 1e-6, (
+            f'{name}: error {err:.3g} to float64, more than twice full '
+            f"attention's {base:.3g}")
+
+
+def test_bf16_as_accurate_as_full_attention_when_routing_cannot_flip():
     # topk = N: every expert sees every key, so the output is a continuous
-    # function of the inputs and only rounding separates the two dtypes.
-    _, (q, k, v), (q32, k32, v32) = _qkv()
+    # function of the inputs and only rounding separates it from float64.
+    _, (q, k, v), _ = _qkv()
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = mita_attention(q, k, v, HW, pool_size=4, topk=N)
-    ref = mita_attention(q32, k32, v32, HW, pool_size=4, topk=N)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        assert _mita(N)(q, k, v).dtype == torch.bfloat16
+    _assert_as_close_as_full_attention((q, k, v))
 
 
-def test_bf16_matches_fp32_for_most_queries_with_routing():
+def test_bf16_as_accurate_as_full_attention_for_most_queries_with_routing():
     # With topk < N, bfloat16 rounding may flip a near-tie in the expert
     # argmax or the top-k of a few queries; all others agree to rounding.
-    _, (q, k, v), (q32, k32, v32) = _qkv()
+    _, qkv, _ = _qkv()
+    exact = [t.detach().double() for t in qkv]
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = mita_attention(q, k, v, HW, pool_size=4, topk=16)
-    ref = mita_attention(q32, k32, v32, HW, pool_size=4, topk=16)
-    row_err = (out.float() - ref).abs().amax(-1)
-    # measured: 91.6% of the rows (torch 2.13, CPU)
-    assert (row_err < 2e-2).float().mean() > 0.8
+        out = _mita(16)(*qkv)
+        full = _full_attention(*qkv)
+    row_err = (out.double() - _mita(16)(*exact)).abs().amax(-1)
+    allowed = 2 * float((full.double() - _full_attention(*exact)).abs().max())
+    # measured: 94.5% of the rows (torch 2.13, CPU)
+    assert (row_err <= allowed).double().mean() > 0.85
 
 
 def test_no_nan_with_large_logits():
@@ -74,13 +122,12 @@ def test_float32_inputs_under_autocast():
     # own matmuls run in bfloat16: the op must compute in one dtype.
     _, _, (q, k, v) = _qkv()
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = mita_attention(q, k, v, HW, pool_size=4, topk=N)
-    ref = mita_attention(q, k, v, HW, pool_size=4, topk=N)
+        out = _mita(N)(q, k, v)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     grads = torch.autograd.grad(out.float().sum(), (q, k, v))
     assert all(g.dtype == torch.float32 and torch.isfinite(g).all()
                for g in grads)
+    _assert_as_close_as_full_attention((q, k, v))
 
 
 def test_backbone_under_autocast():
@@ -88,13 +135,22 @@ def test_backbone_under_autocast():
     model = MiTAViT(img_size=(96, 96), patch_size=8, embed_dims=96,
                     num_layers=2, num_heads=3, out_indices=(1, ),
                     mita_cfg=dict(pool_size=4, topk=N))
+    model.init_weights()
     x = torch.randn(2, 3, 96, 96)
-    ref = model(x)[0]
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = model(x)[0]
+
+    def autocast_error(mita_cfg):
+        """Backbone output under autocast against float64."""
+        model.set_mita(mita_cfg)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = model(x)[0]
+        exact = copy.deepcopy(model).double()(x.double())[0]
+        return out, float((out.double() - exact).abs().max())
+
+    baseline = autocast_error(None)[1]  # mmseg's ViT: full attention
+    out, error = autocast_error(dict(pool_size=4, topk=N))
+    # measured: 0.97x mmseg's ViT (2 layers, same weights)
+    assert error <= 2 * baseline
     out.float().square().mean().backward()
-    # routing cannot flip (topk = N); measured 0.4% of the output's range
-    assert (out.float() - ref).abs().max() < 0.02 * ref.abs().max()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters()
                if p.grad is not None)
 

@@ -14,7 +14,7 @@ from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.registry import DATASETS
 
-from helpers import DEMO_CONFIG, ROOT
+from helpers import DEMO_CONFIG, ROOT, flip_bit_in_tensor
 from mmseg_mita.models import MiTAViT
 
 SMALL = dict(img_size=(32, 32), patch_size=8, embed_dims=32, num_layers=3,
@@ -136,12 +136,15 @@ def test_checkpoint_for_another_resolution_loads(checkpoint):
     assert model.pos_embed.shape == (1, 1 + 6 * 6, 32)
 
 
-@pytest.mark.parametrize('damage', ['truncated', 'empty', 'garbage'])
+@pytest.mark.parametrize('damage',
+                         ['truncated', 'empty', 'garbage', 'bit-flipped'])
 def test_corrupt_checkpoint(checkpoint, tmp_path, damage):
     path, _ = checkpoint
     data = path.read_bytes()
-    broken = {'truncated': data[:len(data) // 2], 'empty': b'',
-              'garbage': b'<html>404 Not Found</html>'}[damage]
+    broken = {'truncated': lambda: data[:len(data) // 2],
+              'empty': lambda: b'',
+              'garbage': lambda: b'<html>404 Not Found</html>',
+              'bit-flipped': lambda: flip_bit_in_tensor(path)}[damage]()
     bad = tmp_path / 'bad.pth'
     bad.write_bytes(broken)
     pattern = (rf'checkpoint {re.escape(str(bad))} \({len(broken)} bytes\) '

@@ -69,9 +69,13 @@ def test_data_is_sharded(two_rank_run, demo_data):
 
 
 SLURM_TASK = """
+import atexit
 import torch
 import mmseg_mita  # noqa: F401 (applies the CPU launcher fixes)
 from mmengine.dist import all_reduce, get_rank, get_world_size, init_dist
+# atexit runs handlers last-in first-out: this one after the plugin's
+atexit.register(lambda: print('GROUP AT EXIT',
+                              torch.distributed.is_initialized()))
 init_dist('slurm', backend='nccl')  # mmseg's default backend
 x = torch.tensor([get_rank() + 1.0])
 all_reduce(x)
@@ -97,3 +101,6 @@ def test_slurm_launcher_without_cuda(repo_root):
     for proc, out in zip(procs, outs):
         assert proc.returncode == 0, out[-3000:]
         assert 'RESULT gloo 2 3.0' in out, out[-3000:]
+        # destroyed before exit: a live gloo group aborts the process now
+        # and then while the interpreter shuts down
+        assert 'GROUP AT EXIT False' in out, out[-3000:]

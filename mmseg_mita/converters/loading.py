@@ -7,12 +7,17 @@
 * anything else is handed to ``torch.load(weights_only=True)`` (``.pth``,
   ``.bin``, ``.pt``; mmengine checkpoints load through
   :mod:`mmseg_mita.compat`).
+
+Zip archives (``.npz`` and torch's format) are checked first: ``torch.load``
+does not verify the CRC-32 of its members, so a flipped bit would otherwise
+load as a wrong weight.
 """
 import json
 import os
 import struct
 import zipfile
-from typing import Any, Dict
+import zlib
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -27,6 +32,25 @@ SAFETENSORS_DTYPES = {
 
 class NpzWeights(dict):
     """``{name: np.ndarray}`` read from a NumPy ``.npz`` archive."""
+
+
+def is_zip(path: str) -> bool:
+    """The file starts as a zip archive (torch's format since 1.6, .npz)."""
+    with open(path, 'rb') as f:
+        return f.read(4) == b'PK\x03\x04'
+
+
+def zip_damage(path: str) -> Optional[str]:
+    """Why the zip archive at ``path`` is damaged (unreadable directory, a
+    member failing its CRC-32 check), or None if it is intact or no zip."""
+    if not is_zip(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        return f'{type(e).__name__}: {e}'
+    return None if bad is None else f'member {bad} fails its CRC-32 check'
 
 
 def _is_npz(path: str) -> bool:
@@ -82,6 +106,10 @@ def read_checkpoint(path: str) -> Any:
     a tensor dict for safetensors, else what ``torch.load`` returns."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f'no checkpoint file at {path}')
+    damage = zip_damage(path)
+    if damage is not None:
+        raise ValueError(f'{path} is corrupt or truncated ({damage}): '
+                         'download, copy or save it again')
     if _is_npz(path):
         with np.load(path, allow_pickle=False) as npz:
             return NpzWeights({k: npz[k] for k in npz.files})

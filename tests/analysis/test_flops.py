@@ -1,4 +1,12 @@
-"""Attention FLOPs against their closed forms (one multiply-add = 1 FLOP)."""
+"""Attention FLOPs (one multiply-add = 1 FLOP).
+
+Full attention is counted by mmengine's own handles on the matmuls of
+``nn.MultiheadAttention`` and checked against ``2 N^2 C``. MiTA is counted
+from its shapes by :func:`mmseg_mita.analysis.flop_handles.mita_op_flops`;
+the tests check that count against an independent one: mmengine's own
+matmul handle on :class:`MatmulMiTA`, MiTA written out with one matmul per
+product of its definition (its output is checked against the operator).
+"""
 import json
 import subprocess
 import sys
@@ -7,6 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.analysis import FlopAnalyzer
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmseg.models.backbones import VisionTransformer
@@ -16,6 +25,7 @@ from mmseg_mita.analysis import (attention_flops, flop_analyzer,
                                  mita_as_one_op, segmentor_complexity)
 from mmseg_mita.models import MiTAViT
 from mmseg_mita.models.backbones import mita_vit
+from mmseg_mita.ops import mita_attention
 
 DEMO = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
 
@@ -24,14 +34,54 @@ def full_attention_closed_form(b, n, c):
     return b * (n * n * c + n * n * c)  # Q K^T, then A V
 
 
-def mita_closed_form(b, n, c, m, k):
-    k = min(k, n)
-    return b * c * (
-        m * n      # R K^T: top-k selection and shared-expert logits
-        + m * n    # softmax(s R K^T) V: shared-expert values
-        + m * n    # R Q^T: routing, reused as the compressed logits
-        + n * k    # q . K_t over the k routed keys of each query
-        + n * (m + k))  # weighted sum of the m + k values of each query
+class MatmulMiTA(nn.Module):
+    """MiTA on q, k, v [G, N, d] with one ``torch.matmul`` per product:
+    ``R K^T``, ``softmax(s R K^T) V``, ``Q R^T`` (routing and compressed
+    logits), each query's routed logits and its weighted sum of the
+    ``m + k`` values."""
+
+    def __init__(self, hw, num_extra_tokens, pool_size, topk):
+        super().__init__()
+        self.hw, self.extra = hw, num_extra_tokens
+        self.pool_size, self.topk = pool_size, topk
+
+    def forward(self, q, k, v):
+        g, n, d = q.shape
+        s = d**-0.5
+        grid = q[:, self.extra:].transpose(1, 2).reshape(g, d, *self.hw)
+        landmarks = F.adaptive_avg_pool2d(grid, self.pool_size).flatten(2)
+        landmarks = landmarks.transpose(1, 2)  # [G, m, d]
+        m = landmarks.shape[1]
+        key_scores = torch.matmul(landmarks, k.transpose(1, 2))
+        shared_values = torch.matmul(torch.softmax(s * key_scores, -1), v)
+        route = torch.matmul(q, landmarks.transpose(1, 2))  # [G, N, m]
+        chosen = key_scores.topk(min(self.topk, n), dim=-1).indices
+        keys_of = chosen.gather(  # each query's routed keys [G, N, k]
+            1, route.argmax(-1, keepdim=True).expand(-1, -1,
+                                                     chosen.shape[-1]))
+        rows = torch.arange(g)[:, None, None]
+        k_routed, v_routed = k[rows, keys_of], v[rows, keys_of]
+        routed = torch.matmul(k_routed, q.unsqueeze(-1)).squeeze(-1)
+        probs = torch.softmax(torch.cat([s * s * route, s * routed], -1), -1)
+        return torch.matmul(probs[..., :m], shared_values) + torch.matmul(
+            probs[..., None, m:], v_routed).squeeze(-2)
+
+
+def matmul_mita_counts(b, heads, hw, extra, pool, topk, head_dim=16):
+    """mmengine's FLOP counts (by operator) of :class:`MatmulMiTA` on
+    ``b x heads`` groups, after checking that it computes MiTA."""
+    n = extra + hw[0] * hw[1]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b * heads, n, head_dim, generator=gen,
+                           dtype=torch.float64) for _ in range(3))
+    model = MatmulMiTA(hw, extra, pool, topk)
+    op = mita_attention(*(t.view(b, heads, n, head_dim) for t in (q, k, v)),
+                        hw, num_extra_tokens=extra, pool_size=pool,
+                        topk=topk, backend='torch')
+    torch.testing.assert_close(model(q, k, v).view(op.shape), op)
+    analyzer = FlopAnalyzer(model, (q, k, v)).unsupported_ops_warnings(
+        False).uncalled_modules_warnings(False)
+    return analyzer.by_operator()
 
 
 class OneLayer(nn.Module):
@@ -75,22 +125,22 @@ def test_full_attention_layer(b, hw):
                                             (2, (5, 7), (2, 3), 9),
                                             (1, (4, 4), 2, 100)])
 def test_mita_layer(b, hw, pool, topk):
-    n = 1 + hw[0] * hw[1]
-    m = pool * pool if isinstance(pool, int) else pool[0] * pool[1]
     vit = MiTAViT(**SMALL, mita_cfg=dict(pool_size=pool, topk=topk))
     count, analyzer, calls = _layer_counts(vit, b, hw, 48)
     assert calls == 1
-    assert count == mita_closed_form(b, n, 48, m, topk)
+    independent = matmul_mita_counts(b, 3, hw, 1, pool, topk)
+    assert count == independent['matmul']
     # the landmark pooling is counted, outside the attention part
     assert analyzer.by_operator()['mita_landmark_pool'] == \
-        b * 48 * hw[0] * hw[1]
+        independent['adaptive_avg_pool2d'] == b * 48 * hw[0] * hw[1]
 
 
 def test_mita_paper_setting_cost_ratio():
-    # ViT-S at 512 x 512: N = 1025, C = 384, m = k = 49.
+    # ViT-S at 512 x 512: N = 1025, C = 384 (6 heads of 64), m = k = 49:
+    # MiTA costs 6 m N C (k = m) against 2 N^2 C.
     n, c = 1025, 384
-    ratio = mita_closed_form(1, n, c, 49, 49) / full_attention_closed_form(
-        1, n, c)
+    mita = matmul_mita_counts(1, 6, (32, 32), 1, 7, 49, head_dim=64)
+    ratio = mita['matmul'] / full_attention_closed_form(1, n, c)
     assert ratio == pytest.approx(6 * 49 / (2 * n))
 
 
@@ -158,8 +208,8 @@ def test_segmentor_parts(demo_pair):
     mita, full = (segmentor_complexity(m, (96, 96)) for m in demo_pair)
     n, c, layers = 1 + 12 * 12, 96, 4  # patch 8, 96 dims
     assert full['attention_flops'] == layers * 2 * n * n * c
-    assert mita['attention_flops'] == layers * mita_closed_form(
-        1, n, c, 16, 16)
+    assert mita['attention_flops'] == layers * matmul_mita_counts(
+        1, 3, (12, 12), 1, 4, 16, head_dim=32)['matmul']
     for r in (mita, full):
         assert r['flops'] == (r['backbone_flops'] + r['neck_flops'] +
                               r['decode_head_flops'])
@@ -195,5 +245,5 @@ def test_get_flops_json(repo_root, tmp_path):
     for key in ('flops', 'backbone_flops', 'attention_flops',
                 'decode_head_flops', 'params'):
         assert isinstance(result[key], int) and result[key] > 0, key
-    n = 1 + 12 * 10
-    assert result['attention_flops'] == 4 * mita_closed_form(1, n, 96, 16, 16)
+    assert result['attention_flops'] == 4 * matmul_mita_counts(
+        1, 3, (12, 10), 1, 4, 16, head_dim=32)['matmul']

@@ -62,21 +62,26 @@ def test_builds_and_runs(name):
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize('head', ['cbt', 'mln_upernet'])
-def test_base_models_are_twins(head):
-    """The base model files (ViT-B/16) the leaf configs build on; the leaves
-    build and run above."""
-    full, mita = (Config.fromfile(
-        osp.join(ROOT, 'configs/_base_/models', f'{prefix}vit_{head}.py'))
-                  for prefix in ('', 'mita-'))
-    full_backbone = full.model.pop('backbone')
-    mita_backbone = mita.model.pop('backbone')
-    assert mita.to_dict() == full.to_dict()
-    assert (full_backbone.pop('type'), mita_backbone.pop('type'),
-            mita_backbone.pop('mita_cfg')) == (
-                'VisionTransformer', 'MiTAViT',
-                dict(pool_size=7, topk=49, layers='all', backend='auto'))
-    assert mita_backbone == full_backbone
+MITA_BASE = osp.join(ROOT, 'configs/_base_/models/mita-vit.py')
+
+
+def test_mita_base_is_the_paper_setting():
+    assert Config.fromfile(MITA_BASE).to_dict() == dict(mita_cfg=dict(
+        pool_size=7, topk=49, layers='all', backend='auto'))
+
+
+@pytest.mark.parametrize(
+    'name',
+    [n for n in MATRIX if n.startswith('mita')] +
+    ['mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'])
+def test_mita_configs_take_mita_cfg_from_the_base(name):
+    """No MiTA leaf config writes the setting out: it comes from
+    _base_/models/mita-vit.py (the demo changes m and k only)."""
+    text = open(osp.join(ROOT, 'configs', 'mita_vit', name)).read()
+    assert "'../_base_/models/mita-vit.py'" in text
+    assert 'layers=' not in text and 'backend=' not in text
+    cfg = _cfg(name)
+    assert cfg.model.backbone.mita_cfg == cfg.mita_cfg
 
 
 @pytest.mark.parametrize('name', [n for n in MATRIX if n.startswith('mita')])
@@ -84,11 +89,12 @@ def test_mita_config_differs_from_its_twin_by_attention_only(name):
     mita, full = _cfg(name).to_dict(), _cfg(name[len('mita-'):]).to_dict()
     mita_backbone, full_backbone = (c['model'].pop('backbone')
                                     for c in (mita, full))
+    mita_cfg = mita.pop('mita_cfg')  # the base's variable
     assert mita == full
     assert mita_backbone.pop('type') == 'MiTAViT'
     assert full_backbone.pop('type') == 'VisionTransformer'
-    assert mita_backbone.pop('mita_cfg') == dict(
-        pool_size=7, topk=49, layers='all', backend='auto')
+    assert mita_backbone.pop('mita_cfg') == mita_cfg == Config.fromfile(
+        MITA_BASE).mita_cfg
     assert mita_backbone == full_backbone
 
 

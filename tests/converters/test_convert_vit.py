@@ -14,6 +14,7 @@ import torch
 from mmseg.models.backbones import VisionTransformer
 
 from convert_vit import main as convert_main
+from helpers import flip_bit_in_tensor
 from mmseg_mita.converters import (convert, convert_file, read_checkpoint,
                                    write_checkpoint)
 from mmseg_mita.converters.settings import resolve_heads
@@ -213,6 +214,14 @@ def test_foreign_file_is_refused(tmp_path):
     path.write_text('not a checkpoint')
     with pytest.raises(ValueError, match='is not a checkpoint this converter '
                        'reads: expected a PyTorch file'):
+        read_checkpoint(str(path))
+
+
+def test_bit_flipped_file_is_refused(tmp_path):
+    path = tmp_path / 'flipped.pth'
+    path.write_bytes(flip_bit_in_tensor(osp.join(DATA, 'vit_timm.pth')))
+    with pytest.raises(ValueError, match=r'is corrupt or truncated \(member '
+                       r'.*/data/\d+ fails its CRC-32 check\)'):
         read_checkpoint(str(path))
 
 

@@ -1,5 +1,8 @@
+import importlib
+
 import pytest
 import torch
+import torch.nn.functional as F
 from mmseg.models.backbones import VisionTransformer
 
 from mmseg_mita.models import MiTAViT
@@ -48,6 +51,64 @@ def test_mita_layer_computes_mita_attention():
                          backend='torch')
     ref = mha.out_proj(ref.transpose(1, 2).reshape(2, 25, 32))
     torch.testing.assert_close(got, x + ref)
+
+
+@pytest.mark.parametrize('with_cls_token', [True, False])
+def test_layer_is_mita_applied_by_hand(with_cls_token):
+    """A whole encoder layer of the model (eval mode, attention dropout set)
+    against MiTA written out from its weights: q, k, v from in_proj on the
+    normalised tokens, the (H, W) = (4, 7) grid of a 32 x 56 input, the
+    residual from the layer's input, then mmseg's FFN."""
+    torch.manual_seed(0)
+    model = MiTAViT(**{**SMALL, 'img_size': (32, 56)},
+                    with_cls_token=with_cls_token, attn_drop_rate=0.3,
+                    mita_cfg=dict(pool_size=(2, 3), topk=5))
+    model.init_weights()
+    model.eval()
+    layer = model.layers[1]
+    seen = {}
+    layer.register_forward_hook(
+        lambda module, args, out: seen.update(x=args[0], out=out))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 56))
+
+        x = seen['x']
+        b, n, c = x.shape
+        assert n == int(with_cls_token) + 4 * 7
+        mha = layer.attn.attn
+        heads = mha.num_heads
+        q, k, v = (
+            F.linear(layer.ln1(x), w, bias).view(b, n, heads, c // heads)
+            .transpose(1, 2) for w, bias in zip(
+                mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
+        attn = mita_attention(q, k, v, (4, 7),
+                              num_extra_tokens=int(with_cls_token),
+                              pool_size=(2, 3), topk=5, backend='torch')
+        y = x + mha.out_proj(attn.transpose(1, 2).reshape(b, n, c))
+        want = layer.ffn(layer.ln2(y), identity=y)
+    torch.testing.assert_close(seen['out'], want)
+
+
+def test_attention_dropout_reaches_the_operator_in_training_only(
+        monkeypatch):
+    backbone = importlib.import_module('mmseg_mita.models.backbones.mita_vit')
+    received = []
+
+    def recording_mita_attention(*args, dropout_p, **kwargs):
+        received.append(dropout_p)
+        return mita_attention(*args, dropout_p=dropout_p, **kwargs)
+
+    monkeypatch.setattr(backbone, 'mita_attention', recording_mita_attention)
+    model = MiTAViT(**SMALL, attn_drop_rate=0.3,
+                    mita_cfg=dict(pool_size=2, topk=4))
+    x = torch.randn(1, 3, 32, 48)
+    model.train()
+    model(x)
+    assert received == [0.3] * 3
+    received.clear()
+    model.eval()
+    model(x)
+    assert received == [0.0] * 3
 
 
 @pytest.mark.parametrize('size', [(32, 48), (72, 40), (57, 90), (16, 16)])

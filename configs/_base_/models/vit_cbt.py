@@ -1,7 +1,7 @@
 # Full-attention ViT-B/16 + CBT decode head (Contract-and-Broadcast
-# Transformer, arXiv 2509.16875), the twin of mita-vit_cbt.py. The CBT head
-# reads the last layer's patch tokens; its defaults are the paper's (3
-# layers, 3 heads of 100 dims, 10 x 10 representatives).
+# Transformer, arXiv 2509.16875). The CBT head reads the last layer's patch
+# tokens; its defaults are the paper's (3 layers, 3 heads of 100 dims,
+# 10 x 10 representatives).
 _base_ = './vit-b16.py'
 model = dict(
     backbone=dict(out_indices=-1, final_norm=True),

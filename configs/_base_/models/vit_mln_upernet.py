@@ -1,5 +1,5 @@
 # Full-attention ViT-B/16 + MultiLevelNeck + UPerHead, as mmseg's
-# upernet_vit-b16_ln_mln (the twin of mita-vit_mln_upernet.py).
+# upernet_vit-b16_ln_mln.
 _base_ = './vit-b16.py'
 norm_cfg = dict(type='SyncBN', requires_grad=True)
 model = dict(

@@ -1,7 +1,0 @@
-# MiTA-ViT + MultiLevelNeck + UPerHead: vit_mln_upernet.py with MiTA
-# attention in every layer (paper setting for ADE20K: m = k = 49).
-_base_ = './vit_mln_upernet.py'
-model = dict(
-    backbone=dict(
-        type='MiTAViT',
-        mita_cfg=dict(pool_size=7, topk=49, layers='all', backend='auto')))
