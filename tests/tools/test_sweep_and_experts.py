@@ -74,6 +74,27 @@ def test_selection_frequency_counts_queries_per_key():
                                                        dtype=torch.float64))
 
 
+def test_selection_frequency_with_two_experts_per_query():
+    torch.manual_seed(1)
+    g, n, m, k = 2, 9, 4, 3
+    expert = torch.stack([torch.stack([torch.randperm(m)[:2]
+                                       for _ in range(n)])
+                          for _ in range(g)])  # [G, N, 2]
+    topk_index = torch.stack([
+        torch.stack([torch.randperm(n)[:k] for _ in range(m)])
+        for _ in range(g)
+    ])
+    freq = selection_frequency(expert, topk_index, m)
+    for gi in range(g):
+        for t in range(n):
+            hits = sum(t in topk_index[gi, e].tolist()
+                       for i in range(n) for e in expert[gi, i].tolist())
+            assert freq[gi, t].item() == pytest.approx(hits / n)
+    # every query gathers 2 k keys (a key of both its experts twice)
+    torch.testing.assert_close(freq.sum(1), torch.full((g, ), 2.0 * k,
+                                                       dtype=torch.float64))
+
+
 @pytest.mark.parametrize('size,bins', [(12, 4), (12, 5), (7, 3), (5, 5)])
 def test_pooling_cells_are_those_of_adaptive_avg_pool(size, bins):
     weights = F.adaptive_avg_pool1d(torch.eye(size)[None], bins)[0]
