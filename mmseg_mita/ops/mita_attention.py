@@ -167,10 +167,11 @@ def mita_attention(q: Tensor,
             ``'official'`` pools the first ``H * W`` tokens of the sequence
             laid out on the grid, as the authors' code does (``q[:, :-1]``:
             the cls token and every patch but the last), and needs exactly
-            one extra token. The default pools what the grid shows: under
-            ``'official'`` every landmark's window is shifted by one token
-            (each grid cell holds the patch before it, row ends wrap to the
-            previous row) and the cls query is mixed into the first one.
+            one extra token. The default pools each landmark's own cell of
+            patches: under ``'official'`` every window is shifted by one
+            token (each grid cell holds the patch before it, the first cell
+            of a row the last patch of the row above), the cls query is
+            mixed into the first landmark and the last patch into none.
             Use ``'official'`` for checkpoints trained with the authors'
             code.
         backend: 'torch' (any device, any dtype, every option), 'flash'
