@@ -3,7 +3,8 @@
     python tools/benchmark_attention.py [--tokens 1025 1601 4097 16385 65537]
         [--device cpu] [--dtype float32] [--heads 6] [--head-dim 64]
         [--single-head-from 16385] [--pool-size 7] [--topk 49]
-        [--repeats 3] [--json results.json] [--plot scaling.png]
+        [--experts-per-query 2] [--repeats 3] [--json results.json]
+        [--plot scaling.png]
 
 Every N is a square patch grid plus ``--extra-tokens`` (cls) tokens. For
 each, on the same random q, k, v and in the same run, it measures the
@@ -16,6 +17,11 @@ its inputs (see ``mmseg_mita.benchmarks`` for how it is measured on CPU).
 The memory run doubles as the warm-up, and is the only timing of a call
 slower than ``--time-budget`` (marked ``*``). The PyTorch profiler used for
 CPU memory prints ``USDT ... profiler_start`` lines on stderr.
+
+``--experts-per-query S`` (S > 1) also measures MiTA with ``S`` routed
+experts per query, in the same interleaved runs, and prints a second table:
+its time relative to ``S = 1`` beside the ratio of keys per query,
+``(m + S k) / (m + k)``.
 """
 import argparse
 import json
@@ -51,6 +57,9 @@ def parse_args(argv=None):
     parser.add_argument('--pool-size', type=int, default=7,
                         help='landmark grid side; m = pool_size ** 2')
     parser.add_argument('--topk', type=int, default=49)
+    parser.add_argument('--experts-per-query', type=int, default=1,
+                        help='also time MiTA with this many routed experts '
+                        'per query, relative to one (at most pool_size ** 2)')
     parser.add_argument('--backend', default='auto',
                         help="mita_attention backend (auto, torch, flash)")
     parser.add_argument('--device', default='cpu')
@@ -68,9 +77,12 @@ def parse_args(argv=None):
                         help='write a log-log plot of time and memory vs N')
     args = parser.parse_args(argv)
     for name in ('repeats', 'batch', 'heads', 'head_dim', 'pool_size',
-                 'topk'):
+                 'topk', 'experts_per_query'):
         if getattr(args, name) < 1:
             parser.error(f'--{name.replace("_", "-")} must be >= 1')
+    if args.experts_per_query > args.pool_size**2:
+        parser.error('--experts-per-query must be at most the number of '
+                     f'experts pool_size ** 2 = {args.pool_size**2}')
     for n in args.tokens:
         grid_side(n, args.extra_tokens, args.pool_size)
     return args
@@ -96,6 +108,11 @@ def _functions(q, k, v, grad, side, args):
     def mita():
         return mita_attention(q, k, v, (side, side), **kwargs)
 
+    def mita_multi():
+        return mita_attention(q, k, v, (side, side),
+                              experts_per_query=args.experts_per_query,
+                              **kwargs)
+
     def sdpa():
         return F.scaled_dot_product_attention(q, k, v)
 
@@ -112,8 +129,11 @@ def _functions(q, k, v, grad, side, args):
             attend().backward(grad)
         return run
 
+    methods = [('mita', mita), ('sdpa', sdpa)]
+    if args.experts_per_query > 1:
+        methods.append(('mita_multi', mita_multi))
     calls = {}
-    for method, attend in (('mita', mita), ('sdpa', sdpa)):
+    for method, attend in methods:
         calls[(method, 'forward')] = forward(attend)
         calls[(method, 'forward_backward')] = forward_backward(attend)
     return calls
@@ -148,7 +168,7 @@ def bench_tokens(n: int, args, device: torch.device) -> dict:
     record = dict(tokens=n, grid=[side, side], batch=args.batch, heads=heads,
                   head_dim=args.head_dim, landmarks=args.pool_size**2,
                   topk=args.topk, load_average=[load_before, load_average()])
-    for method in METHODS:
+    for method in methods(args):
         record[method] = {
             mode: dict(summarize(times[str((method, mode))]),
                        peak_bytes=memory[(method, mode)],
@@ -158,7 +178,21 @@ def bench_tokens(n: int, args, device: torch.device) -> dict:
     for mode in MODES:
         record[f'speedup_{mode}'] = (record['sdpa'][mode]['best_s'] /
                                      record['mita'][mode]['best_s'])
+    if args.experts_per_query > 1:
+        m, topk = args.pool_size**2, min(args.topk, n)
+        record['experts_per_query'] = args.experts_per_query
+        record['keys_ratio'] = (m + args.experts_per_query * topk) / (m + topk)
+        for mode in MODES:
+            record[f'multi_time_ratio_{mode}'] = (
+                record['mita_multi'][mode]['best_s'] /
+                record['mita'][mode]['best_s'])
     return record
+
+
+def methods(args):
+    """The measured methods: MiTA, SDPA and, with ``--experts-per-query``
+    above 1, MiTA with that many experts (``mita_multi``)."""
+    return METHODS + (('mita_multi', ) if args.experts_per_query > 1 else ())
 
 
 def _ms(stats: dict) -> str:
@@ -188,6 +222,33 @@ def format_table(records) -> str:
     lines.append('x = SDPA time / MiTA time (best of the repeats); peak = '
                  'bytes allocated above the inputs; * = one run, the '
                  'memory run')
+    return '\n'.join(lines)
+
+
+def format_multi_table(records) -> str:
+    """MiTA with ``s`` experts per query against ``s = 1``."""
+    s = records[0]['experts_per_query']
+    mib = 2**20
+    lines = [
+        f'{"N":>6} {"BxH":>4} | {"forward ms":^26} | {"fwd+bwd ms":^26} | '
+        f'{"keys":>6} | {"fwd+bwd peak MiB":^19}',
+        f'{"":>6} {"":>4} | {"s=1":>9} {f"s={s}":>9} {"ratio":>6} | '
+        f'{"s=1":>9} {f"s={s}":>9} {"ratio":>6} | {"ratio":>6} | '
+        f'{"s=1":>9} {f"s={s}":>9}'
+    ]
+    for r in records:
+        row = f'{r["tokens"]:>6} {r["batch"] * r["heads"]:>4} |'
+        for mode in MODES:
+            row += (f' {_ms(r["mita"][mode]):>9} '
+                    f'{_ms(r["mita_multi"][mode]):>9} '
+                    f'{r[f"multi_time_ratio_{mode}"]:>6.2f} |')
+        peaks = [r[method]['forward_backward']['peak_bytes'] / mib
+                 for method in ('mita', 'mita_multi')]
+        lines.append(row + f' {r["keys_ratio"]:>6.2f} | '
+                     f'{peaks[0]:>9.1f} {peaks[1]:>9.1f}')
+    lines.append(f'ratio = time with s={s} experts per query / time with '
+                 f's=1 (best of the repeats); keys ratio = (m + {s} k) / '
+                 '(m + k), the keys each query attends to')
     return '\n'.join(lines)
 
 
@@ -238,6 +299,8 @@ def main(argv=None):
               f'{records[-1]["speedup_forward_backward"]:.2f}x',
               file=sys.stderr, flush=True)
     print(format_table(records))
+    if args.experts_per_query > 1:
+        print(format_multi_table(records))
     result = dict(machine=info, args=vars(args), results=records)
     if args.json:
         write_json(result, args.json)

@@ -43,14 +43,18 @@ def selection_frequency(expert, topk_index, num_experts):
     """How often each key is gathered by the routed expert of a query.
 
     Args:
-        expert: [G, N] expert of every query; topk_index: [G, m, k].
+        expert: [G, N] expert of every query, or [G, N, s] its ``s``
+            experts; topk_index: [G, m, k].
     Returns:
-        [G, N]: for key t, the fraction of the N queries whose expert's
-        top-k contains t.
+        [G, N]: for key t, the number of times an average query gathers t
+        (with one expert per query: the fraction of the N queries whose
+        expert's top-k contains t).
     """
-    g, n = expert.shape
+    g, n = expert.shape[:2]
+    expert = expert.reshape(g, -1)
     counts = torch.zeros(g, num_experts, dtype=torch.float64)
-    counts.scatter_add_(1, expert, torch.ones(g, n, dtype=torch.float64))
+    counts.scatter_add_(1, expert,
+                        torch.ones(expert.shape, dtype=torch.float64))
     selected = torch.zeros(g, num_experts, n, dtype=torch.float64)
     selected.scatter_(2, topk_index, 1.0)
     return (counts[:, :, None] * selected).sum(1) / n
@@ -90,9 +94,14 @@ class ExpertRecorder:
             q, k, v = qkv.view(b, n, 3, attn.num_heads,
                                c // attn.num_heads).permute(2, 0, 3, 1, 4)
             pool = attn.mita['pool_size']
-            experts = self.compute_experts(q, k, v, attn.hw_shape,
-                                           attn.num_extra_tokens, pool,
-                                           attn.mita['topk'])
+            if not attn.mita['routed_experts']:
+                raise SystemExit('error: compression-only MiTA '
+                                 '(routed_experts=False) selects no keys')
+            experts = self.compute_experts(
+                q, k, v, attn.hw_shape, attn.num_extra_tokens, pool,
+                attn.mita['topk'],
+                experts_per_query=attn.mita['experts_per_query'],
+                landmarks=attn.mita['landmarks'])
             freq = selection_frequency(experts.expert, experts.topk_index,
                                        pool[0] * pool[1])
             self.maps[index] = dict(

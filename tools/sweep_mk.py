@@ -1,16 +1,24 @@
-"""Evaluate a checkpoint under MiTA for a grid of landmark grids and top-k.
+"""Evaluate a checkpoint under MiTA for a grid of landmark grids and top-k,
+and for the paper's variants.
 
     python tools/sweep_mk.py CONFIG CKPT --pool-sizes 3 5 7 9 \\
-        --topks 9 25 49 81 [--work-dir DIR] [--cfg-options ...]
+        --topks 9 25 49 81 [--experts-per-query 1 2] [--ablations] \\
+        [--work-dir DIR] [--cfg-options ...]
 
 Evaluates mIoU on the config's test set (mmengine's ``Runner`` and test
 loop, the config's evaluator) with full attention first, then with MiTA at
-every ``(m = p * p, k)``; the weights are loaded once, since MiTA has no
-parameters. CKPT may come from a full-attention config (mmseg's
-``VisionTransformer``: the backbone is built as ``MiTAViT``, same keys) or a
-MiTA one. Prints the grid with the training setting marked ``*`` and writes
-``sweep_mk.png`` (heatmap) and ``sweep_mk.json`` to the work dir. Pool sizes
-larger than the patch grid of the test images are skipped.
+every ``(m = p * p, k)`` for every variant: ``s`` routed experts per query
+for each ``--experts-per-query`` (``MiTA``, ``MiTA s=2``, ...) and, with
+``--ablations``, routing-only at each ``s`` (``shared_expert=False``) and
+compression-only (``routed_experts=False``; it has no ``k``, so one column).
+The weights are loaded once, since MiTA has no parameters. CKPT may come
+from a full-attention config (mmseg's ``VisionTransformer``: the backbone is
+built as ``MiTAViT``, same keys) or a MiTA one, whose ``layers`` and
+``landmarks`` the sweep keeps. Prints one grid per variant with the
+training setting marked ``*`` and writes ``sweep_mk.png`` (heatmaps) and
+``sweep_mk.json`` (``mita``: variant -> ``"p,k"`` (``"p"`` for
+compression-only) -> mIoU) to the work dir. Pool sizes larger than the
+patch grid of the test images, and ``s > m``, are skipped.
 """
 import argparse
 import os.path as osp
@@ -20,6 +28,7 @@ from mmengine.config import Config, DictAction
 from mmseg_mita.utils import write_atomic, write_json
 
 BACKBONES = ('VisionTransformer', 'MiTAViT')
+COMPRESSION_ONLY = 'compression-only'
 
 
 def parse_args(argv=None):
@@ -32,6 +41,12 @@ def parse_args(argv=None):
                         help='landmark grids p (m = p * p)')
     parser.add_argument('--topks', type=int, nargs='+',
                         default=[9, 25, 49, 81], help='routed keys k')
+    parser.add_argument('--experts-per-query', type=int, nargs='+',
+                        default=[1], metavar='S',
+                        help='routed experts per query s (default: 1)')
+    parser.add_argument('--ablations', action='store_true',
+                        help='also routing-only (at each s) and '
+                        'compression-only')
     parser.add_argument('--work-dir', help='default: work_dirs/sweep_mk/'
                         '<config name>')
     parser.add_argument('--verbose', action='store_true',
@@ -39,15 +54,36 @@ def parse_args(argv=None):
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, as in tools/test.py')
     args = parser.parse_args(argv)
-    for name in ('pool_sizes', 'topks'):
+    for name in ('pool_sizes', 'topks', 'experts_per_query'):
         bad = [v for v in getattr(args, name) if v < 1]
         if bad:
             parser.error(f'--{name.replace("_", "-")} must be >= 1, got {bad}')
     return args
 
 
+def variant_name(experts_per_query=1, shared_expert=True,
+                 routed_experts=True) -> str:
+    """``'MiTA'``, ``'MiTA s=2'``, ``'routing-only'``, ``'routing-only
+    s=2'`` or ``'compression-only'``."""
+    if not routed_experts:
+        return COMPRESSION_ONLY
+    name = 'MiTA' if shared_expert else 'routing-only'
+    return name if experts_per_query == 1 else f'{name} s={experts_per_query}'
+
+
+def variants(experts_per_query, ablations):
+    """(name, mita_cfg options) of every variant to evaluate."""
+    options = [dict(experts_per_query=s) for s in experts_per_query]
+    if ablations:
+        options += [dict(experts_per_query=s, shared_expert=False)
+                    for s in experts_per_query]
+        options.append(dict(routed_experts=False))
+    return [(variant_name(**o), o) for o in options]
+
+
 def training_setting(backbone_cfg):
-    """(p, k) the config trains with, or None for full attention."""
+    """(variant, p, k) the config trains with (``k`` None for
+    compression-only), or None for full attention."""
     if backbone_cfg.get('type') != 'MiTAViT':
         return None
     from mmseg_mita.models.backbones.mita_vit import MITA_DEFAULTS
@@ -58,7 +94,9 @@ def training_setting(backbone_cfg):
     pool = mita['pool_size']
     if not isinstance(pool, int):
         pool = pool[0] if pool[0] == pool[1] else tuple(pool)
-    return pool, mita['topk']
+    name = variant_name(mita['experts_per_query'], mita['shared_expert'],
+                        mita['routed_experts'])
+    return name, pool, None if name == COMPRESSION_ONLY else mita['topk']
 
 
 def make_runner(args):
@@ -71,7 +109,9 @@ def make_runner(args):
         raise SystemExit(f'error: the backbone must be one of {BACKBONES}, '
                          f'got {backbone.get("type")!r}')
     trained = training_setting(backbone)
-    layers = (backbone.get('mita_cfg') or {}).get('layers', 'all')
+    mita = backbone.get('mita_cfg') or {}
+    kept = dict(layers=mita.get('layers', 'all'),
+                landmarks=mita.get('landmarks', 'patches'))
     backbone.type, backbone.mita_cfg = 'MiTAViT', None
     cfg.load_from = args.checkpoint
     cfg.work_dir = args.work_dir or osp.join(
@@ -79,7 +119,7 @@ def make_runner(args):
         osp.splitext(osp.basename(args.config))[0])
     if not args.verbose:
         cfg.log_level = 'WARNING'
-    return Runner.from_cfg(cfg), trained, layers
+    return Runner.from_cfg(cfg), trained, kept
 
 
 def record_min_grid(backbone):
@@ -95,61 +135,89 @@ def record_min_grid(backbone):
     return seen
 
 
+def _columns(name, topks):
+    return [None] if name == COMPRESSION_ONLY else topks
+
+
+def _key(p, k):
+    return str(p) if k is None else f'{p},{k}'
+
+
 def format_grid(results, pool_sizes, topks, trained):
-    """The mIoU table as text; the training setting marked with *."""
+    """The mIoU tables as text, one per variant; the training setting
+    marked with *."""
     lines = [f'full attention: mIoU {results["full"]:.2f}'
              + ('  *' if trained is None else '')]
-    header = 'm \\ k'.ljust(12) + ''.join(f'{k:>8d} ' for k in topks)
-    lines += [header]
-    for p in pool_sizes:
-        row = f'{p * p} ({p}x{p})'.ljust(12)
-        for k in topks:
-            value = results['mita'].get(f'{p},{k}')
-            mark = '*' if trained == (p, k) else ' '
-            row += ('skipped'.rjust(8) if value is None else
-                    f'{value:8.2f}') + mark
-        lines.append(row)
+    for name, grid in results['mita'].items():
+        columns = _columns(name, topks)
+        lines += [f'{name}:', 'm \\ k'.ljust(12) + ''.join(
+            ('any k' if k is None else str(k)).rjust(8) + ' '
+            for k in columns)]
+        for p in pool_sizes:
+            row = f'{p * p} ({p}x{p})'.ljust(12)
+            for k in columns:
+                value = grid.get(_key(p, k))
+                mark = '*' if trained == (name, p, k) else ' '
+                row += ('skipped'.rjust(8) if value is None else
+                        f'{value:8.2f}') + mark
+            lines.append(row)
     return '\n'.join(lines)
 
 
 def plot_heatmap(results, pool_sizes, topks, trained, path):
+    """One heatmap (m x k) per variant."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     import numpy as np
-    grid = np.array([[results['mita'].get(f'{p},{k}', np.nan) for k in topks]
-                     for p in pool_sizes], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.3 * len(topks) + 2.5,
-                                    1.0 * len(pool_sizes) + 1.8))
-    image = ax.imshow(grid, cmap='viridis', aspect='auto')
-    for i, p in enumerate(pool_sizes):
-        for j, k in enumerate(topks):
-            if not np.isnan(grid[i, j]):
-                text = f'{grid[i, j]:.1f}' + ('*' if trained == (p, k) else '')
-                ax.text(j, i, text, ha='center', va='center', color='w'
-                        if grid[i, j] < np.nanmean(grid) else 'k')
-    ax.set_xticks(range(len(topks)), [str(k) for k in topks])
-    ax.set_yticks(range(len(pool_sizes)),
-                  [f'{p * p} ({p}x{p})' for p in pool_sizes])
-    ax.set_xlabel('k (routed keys per expert)')
-    ax.set_ylabel('m (landmarks)')
+    names = list(results['mita'])
+    widths = [len(_columns(name, topks)) for name in names]
+    fig, axes = plt.subplots(
+        1, len(names), squeeze=False, width_ratios=widths,
+        figsize=(1.3 * sum(widths) + 2.5 * len(names),
+                 1.0 * len(pool_sizes) + 1.8))
+    values = [v for grid in results['mita'].values() for v in grid.values()]
+    low, high = (min(values), max(values)) if values else (0, 1)
+    for ax, name in zip(axes[0], names):
+        columns = _columns(name, topks)
+        grid = np.array([[results['mita'][name].get(_key(p, k), np.nan)
+                          for k in columns] for p in pool_sizes], dtype=float)
+        image = ax.imshow(grid, cmap='viridis', aspect='auto', vmin=low,
+                          vmax=high)
+        for i, p in enumerate(pool_sizes):
+            for j, k in enumerate(columns):
+                if not np.isnan(grid[i, j]):
+                    text = f'{grid[i, j]:.1f}' + (
+                        '*' if trained == (name, p, k) else '')
+                    ax.text(j, i, text, ha='center', va='center', color='w'
+                            if grid[i, j] < (low + high) / 2 else 'k')
+        ax.set_xticks(range(len(columns)),
+                      ['any' if k is None else str(k) for k in columns])
+        ax.set_yticks(range(len(pool_sizes)),
+                      [f'{p * p} ({p}x{p})' for p in pool_sizes])
+        ax.set_xlabel('k (routed keys per expert)')
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel('m (landmarks)')
     trained_txt = 'full attention' if trained is None else \
-        f'MiTA p={trained[0]}, k={trained[1]} (*)'
-    ax.set_title(f'mIoU under MiTA; full attention: {results["full"]:.1f}\n'
+        f'{trained[0]} p={trained[1]}, k={trained[2]} (*)'
+    fig.suptitle(f'mIoU under MiTA; full attention: {results["full"]:.1f}; '
                  f'trained with {trained_txt}', fontsize=9)
-    fig.colorbar(image, ax=ax, label='mIoU')
-    fig.tight_layout()
+    fig.colorbar(image, ax=axes[0].tolist(), label='mIoU')
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format='png'))
     plt.close(fig)
 
 
-def sweep(runner, pool_sizes, topks, layers, log=print):
-    """mIoU with full attention, then for every (p, k) that fits."""
+def sweep(runner, pool_sizes, topks, kept, variant_list=(('MiTA', {}), ),
+          log=print):
+    """mIoU with full attention, then for every variant and (p, k) that
+    fits; ``kept``: the mita_cfg keys every run keeps (layers,
+    landmarks)."""
     model = getattr(runner.model, 'module', runner.model)
     backbone = model.backbone
     seen = record_min_grid(backbone)
     backbone.set_mita(None)
-    results = {'full': runner.test()['mIoU'], 'mita': {}}
+    results = {'full': runner.test()['mIoU'],
+               'mita': {name: {} for name, _ in variant_list}}
     log(f'full attention: mIoU {results["full"]:.2f}')
     grid = seen['hw']
     for p in pool_sizes:
@@ -157,11 +225,20 @@ def sweep(runner, pool_sizes, topks, layers, log=print):
             log(f'pool size {p} skipped: larger than the smallest patch grid '
                 f'{grid[0]}x{grid[1]} of the test images')
             continue
-        for k in topks:
-            backbone.set_mita(dict(pool_size=p, topk=k, layers=layers))
-            results['mita'][f'{p},{k}'] = runner.test()['mIoU']
-            log(f'm={p * p:3d} (p={p}), k={k:3d}: mIoU '
-                f'{results["mita"][f"{p},{k}"]:.2f}')
+        for name, options in variant_list:
+            if options.get('experts_per_query', 1) > p * p:
+                log(f'{name} skipped at pool size {p}: more experts per '
+                    f'query than the m={p * p} experts')
+                continue
+            for k in _columns(name, topks):
+                topk = {} if k is None else dict(topk=k)
+                backbone.set_mita(dict(pool_size=p, **topk, **kept,
+                                       **options))
+                miou = runner.test()['mIoU']
+                results['mita'][name][_key(p, k)] = miou
+                log(f'{name}: m={p * p:3d} (p={p})' +
+                    ('' if k is None else f', k={k:3d}') +
+                    f': mIoU {miou:.2f}')
     results['patch_grid'] = list(grid)
     return results
 
@@ -169,10 +246,11 @@ def sweep(runner, pool_sizes, topks, layers, log=print):
 def main(argv=None):
     args = parse_args(argv)
     import mmseg_mita  # noqa: F401  (registers MiTAViT, applies compat)
-    runner, trained, layers = make_runner(args)
-    results = sweep(runner, args.pool_sizes, args.topks, layers)
+    runner, trained, kept = make_runner(args)
+    results = sweep(runner, args.pool_sizes, args.topks, kept,
+                    variants(args.experts_per_query, args.ablations))
     results.update(config=args.config, checkpoint=args.checkpoint,
-                   trained=trained, layers=layers)
+                   trained=trained, **kept)
     print(format_grid(results, args.pool_sizes, args.topks, trained))
     print('* = the setting the config trains with')
     png = osp.join(runner.work_dir, 'sweep_mk.png')

@@ -34,15 +34,20 @@ MITA_MATMULS = ('mita_key_logits', 'mita_shared_values', 'mita_routing',
 
 _LIB = torch.library.Library('mmseg_mita_flops', 'DEF')
 _LIB.define('mita_attention(Tensor q, Tensor k, Tensor v, int[] hw, '
-            'int num_extra_tokens, int[] pool_size, int topk, str backend, '
-            'float dropout_p) -> Tensor')
+            'int num_extra_tokens, int[] pool_size, int topk, '
+            'int experts_per_query, bool shared_expert, bool routed_experts, '
+            'str landmarks, str backend, float dropout_p) -> Tensor')
 
 
-def _mita_impl(q, k, v, hw, num_extra_tokens, pool_size, topk, backend,
-               dropout_p):
+def _mita_impl(q, k, v, hw, num_extra_tokens, pool_size, topk,
+               experts_per_query, shared_expert, routed_experts, landmarks,
+               backend, dropout_p):
     return mita_attention(q, k, v, tuple(hw),
                           num_extra_tokens=num_extra_tokens,
                           pool_size=tuple(pool_size), topk=topk,
+                          experts_per_query=experts_per_query,
+                          shared_expert=shared_expert,
+                          routed_experts=routed_experts, landmarks=landmarks,
                           backend=backend, dropout_p=dropout_p)
 
 
@@ -60,24 +65,30 @@ def _constant(val: Any) -> Any:
 
 
 def mita_op_flops(batch: int, heads: int, tokens: int, head_dims: int,
-                  num_extra_tokens: int, num_landmarks: int,
-                  topk: int) -> Dict[str, int]:
+                  num_extra_tokens: int, num_landmarks: int, topk: int,
+                  experts_per_query: int = 1, shared_expert: bool = True,
+                  routed_experts: bool = True) -> Dict[str, int]:
     """FLOPs of MiTA on ``[batch, heads, tokens, head_dims]`` q/k/v.
 
-    With ``C = heads * head_dims``, ``m`` landmarks, ``k = min(topk, N)``:
-    ``R K^T``, ``softmax(s R K^T) V`` and ``R Q^T`` (routing, reused as the
-    compressed logits) cost ``m N C`` each; the routed logits ``N k C``; the
-    weighted sum over the ``m + k`` values ``N (m + k) C``. The landmark
-    pooling reads every patch query once.
+    With ``C = heads * head_dims``, ``m`` landmarks, ``k = min(topk, N)``
+    and ``s`` experts per query: ``R K^T`` (top-k selection, shared
+    expert's logits) and ``R Q^T`` (routing, reused as the compressed
+    logits) cost ``m N C`` each in every variant; the shared values
+    ``softmax(s R K^T) V`` ``m N C`` with a shared expert; the routed
+    logits ``N s k C`` with routed experts; the weighted sum ``N (m + s k)
+    C``, without the ``m`` (routing-only) or the ``s k`` (compression-only)
+    values. The landmark pooling reads ``H * W`` queries once.
     """
     c = batch * heads * head_dims
-    n, m, k = tokens, num_landmarks, min(topk, tokens)
+    n, m = tokens, num_landmarks
+    routed = min(topk, tokens) * experts_per_query if routed_experts else 0
+    shared = m if shared_expert else 0
     return dict(
         mita_key_logits=m * n * c,
-        mita_shared_values=m * n * c,
+        mita_shared_values=shared * n * c,
         mita_routing=m * n * c,
-        mita_routed_logits=n * k * c,
-        mita_weighted_sum=n * (m + k) * c,
+        mita_routed_logits=n * routed * c,
+        mita_weighted_sum=n * (shared + routed) * c,
         mita_landmark_pool=(n - num_extra_tokens) * c)
 
 
@@ -88,7 +99,10 @@ def mita_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
         mita_op_flops(batch, heads, tokens, head_dims,
                       num_extra_tokens=_constant(inputs[4]),
                       num_landmarks=prod(_constant(inputs[5])),
-                      topk=_constant(inputs[6])))
+                      topk=_constant(inputs[6]),
+                      experts_per_query=_constant(inputs[7]),
+                      shared_expert=_constant(inputs[8]),
+                      routed_experts=_constant(inputs[9])))
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
@@ -117,11 +131,13 @@ ATTENTION_OPS = ('bmm', 'baddbmm', 'matmul', 'einsum',
 
 
 def call_mita_op(q, k, v, hw: Sequence[int], *, num_extra_tokens: int = 1,
-                 pool_size=7, topk: int = 49, backend: str = 'auto',
+                 pool_size=7, topk: int = 49, experts_per_query: int = 1,
+                 shared_expert: bool = True, routed_experts: bool = True,
+                 landmarks: str = 'patches', backend: str = 'auto',
                  dropout_p: float = 0.0):
     """:func:`mmseg_mita.ops.mita_attention` as the single traced op
     :data:`MITA_OP` (same signature, same result)."""
     pool = list(check_int_pair(pool_size, 'pool_size'))
     return torch.ops.mmseg_mita_flops.mita_attention(
-        q, k, v, list(hw), num_extra_tokens, pool, topk, backend,
-        float(dropout_p))
+        q, k, v, list(hw), num_extra_tokens, pool, topk, experts_per_query,
+        shared_expert, routed_experts, landmarks, backend, float(dropout_p))

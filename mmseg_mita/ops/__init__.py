@@ -11,12 +11,13 @@ mmseg, mmengine nor mmcv.
 * :func:`naive_mita` (:mod:`.naive`): the per-query definition the backends
   are tested against.
 """
-from .experts import Backend, MiTAExperts, compute_experts
-from .mita_attention import (BACKENDS, check_mita_args, mita_attention,
-                             resolve_backend)
+from .experts import LANDMARKS, Backend, MiTAExperts, compute_experts
+from .mita_attention import (BACKENDS, check_mita_args, check_variant_args,
+                             mita_attention, resolve_backend)
 from .naive import naive_mita
 
 __all__ = [
-    'BACKENDS', 'Backend', 'MiTAExperts', 'check_mita_args',
-    'compute_experts', 'mita_attention', 'naive_mita', 'resolve_backend'
+    'BACKENDS', 'Backend', 'LANDMARKS', 'MiTAExperts', 'check_mita_args',
+    'check_variant_args', 'compute_experts', 'mita_attention', 'naive_mita',
+    'resolve_backend'
 ]

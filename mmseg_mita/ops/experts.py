@@ -1,9 +1,9 @@
 """The part of MiTA that every backend shares, and the seam to backends.
 
 :func:`compute_experts` computes, once per call, everything that does not
-depend on which expert a query reads: the landmarks, the top-k key
+depend on which experts a query reads: the landmarks, the top-k key
 selection, the shared expert and the routing. A backend then only computes
-each query's one softmax over its ``m`` compressed and ``k`` routed logits.
+each query's one softmax over its compressed and routed logits.
 
 The seam (:data:`Backend`): a backend is a function
 ``backend(q, k, v, experts, dropout_p) -> out`` with
@@ -15,37 +15,63 @@ The seam (:data:`Backend`): a backend is a function
   shared expert): a backend differentiates its output with respect to them,
   and to ``q``, ``k``, ``v`` directly (routed logits and values); the index
   tensors have no gradient;
-* ``dropout_p``: dropout on the ``m + k`` attention probabilities (0 in
-  evaluation); a backend that cannot apply it raises ``ValueError``.
+* ``dropout_p``: dropout on the attention probabilities (0 in evaluation);
+  a backend that cannot apply it raises ``ValueError``.
 
-For query ``i`` of group ``g`` with expert ``e = expert[g, i]``, every
-backend returns ``softmax(l) @ [Vt_g ; V_g[T]]`` where
-``l = [route_logits[g, i] ; s q_i . K_g[T]^T]`` and ``T = topk_index[g, e]``
-(the reference, written out per query, is :func:`mmseg_mita.ops.naive_mita`).
+For query ``i`` of group ``g`` with experts ``e_1, ..., e_s =
+expert[g, i]`` (best first), every backend returns ``softmax(l) @ w`` where
+
+* ``l = [route_logits[g, i] ; s q_i . K_g[T_1]^T ; ... ; s q_i .
+  K_g[T_s]^T]`` and ``w = [Vt_g ; V_g[T_1] ; ... ; V_g[T_s]]`` with
+  ``T_j = topk_index[g, e_j]`` (a key chosen by two of the experts appears
+  twice);
+* without a shared expert (``shared_values is None``, routing-only) the
+  compressed part ``route_logits[g, i]`` / ``Vt_g`` is left out (the
+  routing logits then only choose the experts);
+* without routed experts (``topk_index is None`` and ``expert is None``,
+  compression-only) only the compressed part remains.
+
+What a backend must do with each field (see :class:`MiTAExperts`): use
+``route_logits`` and ``shared_values`` only when ``shared_values`` is not
+None; read ``expert`` as ``[G, N, s]`` (``s = experts_per_query``, 1 by
+default); and raise ``ValueError`` naming the option and
+``backend='torch'`` for any case it does not compute (for example
+``s > 1``). The reference, written out per query, is
+:func:`mmseg_mita.ops.naive_mita`.
 """
-from typing import Callable, NamedTuple, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+LANDMARKS = ('patches', 'official')
+
 
 class MiTAExperts(NamedTuple):
-    """Shapes use ``G = B * heads`` flattened groups, ``m`` landmarks and
-    ``k = min(topk, N)`` routed keys per expert.
+    """Shapes use ``G = B * heads`` flattened groups, ``m`` landmarks,
+    ``k = min(topk, N)`` routed keys per expert and ``s`` experts per query.
 
     ``landmarks``: ``R`` [G, m, d];
-    ``shared_values``: ``Vt = softmax(s R K^T) V`` [G, m, d];
+    ``shared_values``: ``Vt = softmax(s R K^T) V`` [G, m, d], or None
+    without a shared expert (routing-only);
     ``route_logits``: ``s^2 q . R`` [G, N, m], the compressed logits (the
-    shared expert's keys are ``s R``), whose argmax also routes each query;
-    ``expert``: the routed expert of each query [G, N] (int64);
-    ``topk_index``: the key tokens of each expert [G, m, k] (int64).
+    shared expert's keys are ``s R``), whose top-s also route each query;
+    ``expert``: the routed experts of each query, best first, [G, N, s]
+    (int64), or None without routed experts (compression-only);
+    ``topk_index``: the key tokens of each expert [G, m, k] (int64), or
+    None without routed experts.
     """
     landmarks: Tensor
-    shared_values: Tensor
+    shared_values: Optional[Tensor]
     route_logits: Tensor
-    expert: Tensor
-    topk_index: Tensor
+    expert: Optional[Tensor]
+    topk_index: Optional[Tensor]
+
+    @property
+    def experts_per_query(self) -> int:
+        """``s``; 0 without routed experts."""
+        return 0 if self.expert is None else self.expert.shape[-1]
 
 
 Backend = Callable[[Tensor, Tensor, Tensor, MiTAExperts, float], Tensor]
@@ -60,11 +86,21 @@ def softmax_fp32(logits: Tensor, inplace: bool = False) -> Tensor:
     return torch.softmax(logits, dim=-1, out=logits if inplace else None)
 
 
+def pooled_tokens(num_extra_tokens: int, landmarks: str) -> int:
+    """Index of the first of the ``H * W`` tokens whose queries are pooled
+    into landmarks: the patches (``'patches'``), or the sequence from its
+    start (``'official'``, the authors' ``q[:, :-1]`` with one cls token)."""
+    return num_extra_tokens if landmarks == 'patches' else 0
+
+
 def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
                     num_extra_tokens: int, pool_size: Tuple[int, int],
-                    topk: int) -> MiTAExperts:
+                    topk: int, *, experts_per_query: int = 1,
+                    shared_expert: bool = True, routed_experts: bool = True,
+                    landmarks: str = 'patches') -> MiTAExperts:
     """Landmarks, shared expert, routing and top-k selection of ``q``,
-    ``k``, ``v`` [B, heads, N, d] (arguments already checked).
+    ``k``, ``v`` [B, heads, N, d] (arguments already checked, see
+    :func:`~.mita_attention.mita_attention` for the options).
 
     ``R K^T`` serves both the top-k selection and the shared expert;
     ``R Q^T`` serves both the routing and the compressed logits.
@@ -72,14 +108,21 @@ def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
     b, h, n, d = q.shape
     g = b * h
     q, k, v = (t.reshape(g, n, d) for t in (q, k, v))
-    patches = q[:, num_extra_tokens:].transpose(1, 2).reshape(g, d, *hw)
-    landmarks = F.adaptive_avg_pool2d(patches, pool_size).flatten(2)
+    first = pooled_tokens(num_extra_tokens, landmarks)
+    tokens = q[:, first:first + hw[0] * hw[1]]
+    grid = tokens.transpose(1, 2).reshape(g, d, *hw)
+    landmarks = F.adaptive_avg_pool2d(grid, pool_size).flatten(2)
     landmarks = landmarks.transpose(1, 2)  # [G, m, d]
     key_logits = landmarks @ k.transpose(1, 2)  # [G, m, N]
-    topk_index = key_logits.topk(min(topk, n), dim=-1, sorted=False).indices
-    shared_probs = softmax_fp32(key_logits.mul_(d**-0.5))
-    shared_values = shared_probs.to(v.dtype) @ v
+    topk_index = expert = shared_values = None
+    if routed_experts:
+        topk_index = key_logits.topk(min(topk, n), dim=-1,
+                                     sorted=False).indices
+    if shared_expert:
+        shared_probs = softmax_fp32(key_logits.mul_(d**-0.5))
+        shared_values = shared_probs.to(v.dtype) @ v
     route_logits = q @ (landmarks * d**-1).transpose(1, 2)  # [G, N, m]
-    expert = route_logits.argmax(dim=-1)
+    if routed_experts:
+        expert = route_logits.topk(experts_per_query, dim=-1).indices
     return MiTAExperts(landmarks, shared_values, route_logits, expert,
                        topk_index)

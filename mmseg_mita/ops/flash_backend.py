@@ -4,6 +4,11 @@ Each global expert is one varlen "sequence": its routed queries attend to
 ``[s R ; K_routed]`` with values ``[Vt ; V_routed]`` and softmax scale ``s``,
 which is exactly one softmax over the ``m`` compressed and ``k`` routed
 logits. One call, differentiable through flash-attn's own autograd.
+Routing-only leaves ``s R`` / ``Vt`` out of the key sets; compression-only
+is one sequence per group over ``[s R]`` / ``[Vt]``. Several experts per
+query would need a key set per distinct expert tuple (up to ``N`` of them):
+not done here, ``experts_per_query > 1`` raises ``ValueError`` (use the
+torch backend).
 
 Contract (:mod:`.experts`): ``mita_flash(q, k, v, experts, dropout_p)`` for
 fp16/bf16 CUDA tensors with ``head_dim <= 256``, a multiple of 8;
@@ -33,24 +38,56 @@ def flash_attn_available() -> bool:
     return torch.cuda.is_available() and _flash_attn_installed()
 
 
+def _shared_keys(experts: MiTAExperts, dtype: torch.dtype) -> Tensor:
+    """The shared expert's keys ``s R`` [G, m, d]."""
+    return (experts.landmarks * experts.landmarks.shape[-1]**-0.5).to(dtype)
+
+
 def expert_key_sets(k: Tensor, v: Tensor,
                     experts: MiTAExperts) -> Tuple[Tensor, Tensor]:
     """Keys ``[s R ; K_routed]`` and values ``[Vt ; V_routed]`` of every
     global expert, [G * m, m + k, d] each (the m shared keys are repeated
-    per expert: m * (m + k) rows per group, independent of N)."""
-    g, n, d = k.shape
-    m = experts.landmarks.shape[1]
+    per expert: m * (m + k) rows per group, independent of N); without a
+    shared expert ``K_routed`` and ``V_routed`` alone, [G * m, k, d]."""
     k_sel, v_sel = gather_routed(k, v, experts.topk_index)
-    shared_keys = (experts.landmarks * d**-0.5).to(k.dtype)
-    keys = torch.cat([shared_keys.repeat_interleave(m, dim=0), k_sel], dim=1)
+    if experts.shared_values is None:
+        return k_sel, v_sel
+    m = experts.landmarks.shape[1]
+    keys = torch.cat(
+        [_shared_keys(experts, k.dtype).repeat_interleave(m, dim=0), k_sel],
+        dim=1)
     values = torch.cat([
         experts.shared_values.to(v.dtype).repeat_interleave(m, dim=0), v_sel
     ], dim=1)
     return keys, values
 
 
+def _compression_only(q: Tensor, experts: MiTAExperts,
+                      dropout_p: float) -> Tensor:
+    """Every group's queries attend to ``[s R]`` / ``[Vt]``: one varlen
+    sequence per group."""
+    from flash_attn import flash_attn_varlen_func
+
+    b, h, n, d = q.shape
+    g, m = b * h, experts.landmarks.shape[1]
+    offsets = torch.arange(g + 1, device=q.device, dtype=torch.int32)
+    out = flash_attn_varlen_func(
+        q.reshape(g * n, 1, d),
+        _shared_keys(experts, q.dtype).reshape(g * m, 1, d),
+        experts.shared_values.to(q.dtype).reshape(g * m, 1, d), offsets * n,
+        offsets * m, n, m, dropout_p=dropout_p, softmax_scale=d**-0.5)
+    return out.view(b, h, n, d)
+
+
 def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                dropout_p: float = 0.0) -> Tensor:
+    if experts.experts_per_query > 1:
+        raise ValueError(
+            "backend='flash' computes experts_per_query=1 only (one softmax "
+            'over the key set of one expert); got experts_per_query='
+            f"{experts.experts_per_query}: use backend='torch' (or 'auto')")
+    if experts.expert is None:
+        return _compression_only(q, experts, dropout_p)
     from flash_attn import flash_attn_varlen_func
 
     b, h, n, d = q.shape
@@ -60,7 +97,7 @@ def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                                    experts)
     keys_per_expert = keys.shape[1]
 
-    order, _, counts = sort_by_expert(experts.expert, m)
+    order, _, counts = sort_by_expert(experts.expert[..., 0], m)
     used = counts.nonzero().squeeze(1)  # experts that receive a query
     counts = counts.index_select(0, used)
     keys, values = keys.index_select(0, used), values.index_select(0, used)

@@ -15,6 +15,13 @@ Per head, with ``s = head_dim ** -0.5`` and the ``N`` tokens laid out as
 Every query therefore sees ``m + k`` keys instead of ``N``. The operator has
 no parameters, so a full-attention checkpoint runs under it unchanged.
 
+The paper's variants (options of :func:`mita_attention`): ``s =
+experts_per_query`` routed experts per query (``m + s k`` keys, the top-s
+experts by ``R_j . q_i``, best first, in one softmax), routing-only
+(``shared_expert=False``: the ``s k`` routed keys alone) and
+compression-only (``routed_experts=False``: the ``m`` compressed keys
+alone, i.e. plain attention over ``[s R ; Vt]``).
+
 :func:`mita_attention` checks its arguments, computes the shared part
 (:func:`~.experts.compute_experts`) and hands it to a backend (the seam is
 documented in :mod:`.experts`). The plain per-query definition is
@@ -26,7 +33,7 @@ import torch
 from torch import Tensor
 
 from mmseg_mita.utils import IntPair, check_choice, check_int, check_int_pair
-from .experts import Backend, compute_experts
+from .experts import LANDMARKS, Backend, compute_experts
 from .flash_backend import flash_attn_available, mita_flash
 from .torch_backend import mita_torch
 
@@ -72,13 +79,53 @@ def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
     return hw, pool_size
 
 
-def resolve_backend(backend: str, q: Tensor) -> str:
+def check_variant_args(experts_per_query: int, shared_expert: bool,
+                       routed_experts: bool, landmarks: str,
+                       num_extra_tokens: int, num_landmarks: int,
+                       prefix: str = '') -> None:
+    """Validate the variant options of :func:`mita_attention` (``prefix``
+    goes in front of the parameter names, e.g. ``'mita_cfg.'``)."""
+    check_int(experts_per_query, f'{prefix}experts_per_query')
+    for name, value in (('shared_expert', shared_expert),
+                        ('routed_experts', routed_experts)):
+        if not isinstance(value, bool):
+            raise ValueError(f'{prefix}{name} must be True or False, got '
+                             f'{value!r}')
+    if not (shared_expert or routed_experts):
+        raise ValueError(
+            f'{prefix}shared_expert and {prefix}routed_experts cannot both '
+            'be False: there would be no key to attend to; keep at least '
+            'one (shared_expert=False is routing-only, routed_experts=False '
+            'compression-only)')
+    if routed_experts and experts_per_query > num_landmarks:
+        raise ValueError(
+            f'{prefix}experts_per_query={experts_per_query} is more than the '
+            f'm={num_landmarks} experts (landmarks); use experts_per_query '
+            f'<= {num_landmarks} or a larger pool_size')
+    if not routed_experts and experts_per_query != 1:
+        raise ValueError(
+            f'{prefix}experts_per_query={experts_per_query} has no effect '
+            f'with {prefix}routed_experts=False (compression-only routes '
+            'no query); leave it at 1')
+    check_choice(landmarks, f'{prefix}landmarks', LANDMARKS)
+    if landmarks == 'official' and num_extra_tokens != 1:
+        raise ValueError(
+            f"{prefix}landmarks='official' pools the first H * W tokens "
+            '(the cls token and all patches but the last), which needs '
+            f'exactly one extra (cls) token, got num_extra_tokens='
+            f"{num_extra_tokens}; use landmarks='patches'")
+
+
+def resolve_backend(backend: str, q: Tensor,
+                    experts_per_query: int = 1) -> str:
     """Pick a backend: 'flash' for fp16/bf16 CUDA tensors when flash-attn is
-    installed, 'torch' otherwise."""
+    installed and ``experts_per_query`` is 1 (flash computes one expert per
+    query), 'torch' otherwise."""
     check_choice(backend, 'backend', BACKENDS)
     if backend == 'auto':
         fast = (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-                and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0)
+                and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0
+                and experts_per_query <= 1)
         return 'flash' if fast and flash_attn_available() else 'torch'
     if backend == 'flash' and not flash_attn_available():
         raise ValueError(
@@ -95,6 +142,10 @@ def mita_attention(q: Tensor,
                    num_extra_tokens: int = 1,
                    pool_size: IntPair = 7,
                    topk: int = 49,
+                   experts_per_query: int = 1,
+                   shared_expert: bool = True,
+                   routed_experts: bool = True,
+                   landmarks: str = 'patches',
                    backend: str = 'auto',
                    dropout_p: float = 0.0) -> Tensor:
     """MiTA attention of ``q``, ``k``, ``v`` of shape [B, heads, N, head_dim].
@@ -104,8 +155,28 @@ def mita_attention(q: Tensor,
         num_extra_tokens: tokens before the patches (the cls token).
         pool_size: landmark grid (ph, pw) or an int; ``m = ph * pw``.
         topk: keys per routed expert; ``topk >= N`` means every key.
-        backend: 'torch' (any device, any dtype), 'flash' (flash-attn on
-            CUDA, fp16/bf16) or 'auto'.
+        experts_per_query: ``s``, the routed experts of each query (its
+            ``s`` best by ``R_j . q``, at most ``m``); its softmax covers
+            ``m + s * k`` logits, a key chosen by two of its experts twice.
+        shared_expert: ``False`` leaves out the ``m`` compressed keys
+            (routing-only: the softmax covers the ``s * k`` routed keys).
+        routed_experts: ``False`` leaves out the routed keys
+            (compression-only: the softmax covers the ``m`` compressed
+            keys; no top-k is computed).
+        landmarks: ``'patches'`` pools the queries of the ``H x W`` patches;
+            ``'official'`` pools the first ``H * W`` tokens of the sequence
+            laid out on the grid, as the authors' code does (``q[:, :-1]``:
+            the cls token and every patch but the last), and needs exactly
+            one extra token. The default pools each landmark's own cell of
+            patches: under ``'official'`` every window is shifted by one
+            token (each grid cell holds the patch before it, the first cell
+            of a row the last patch of the row above), the cls query is
+            mixed into the first landmark and the last patch into none.
+            Use ``'official'`` for checkpoints trained with the authors'
+            code.
+        backend: 'torch' (any device, any dtype, every option), 'flash'
+            (flash-attn on CUDA, fp16/bf16, ``experts_per_query=1``) or
+            'auto' (flash where it applies, else torch).
         dropout_p: dropout on the attention probabilities.
 
     Returns:
@@ -113,8 +184,15 @@ def mita_attention(q: Tensor,
     """
     hw, pool_size = check_mita_args(q, k, v, hw, num_extra_tokens, pool_size,
                                     topk)
+    check_variant_args(experts_per_query, shared_expert, routed_experts,
+                       landmarks, num_extra_tokens,
+                       pool_size[0] * pool_size[1])
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
-    run = _BACKEND_FUNCTIONS[resolve_backend(backend, q)]
-    experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk)
+    run = _BACKEND_FUNCTIONS[resolve_backend(backend, q, experts_per_query)]
+    experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk,
+                              experts_per_query=experts_per_query,
+                              shared_expert=shared_expert,
+                              routed_experts=routed_experts,
+                              landmarks=landmarks)
     return run(q, k, v, experts, dropout_p)

@@ -4,44 +4,65 @@ against (slow: Python loops over batch, heads and queries).
 For each head, with ``s = d ** -0.5``, ``N = num_extra_tokens + H * W``
 tokens (extra tokens first, then the ``H x W`` patches, row-major):
 
-1. landmarks ``R`` [m, d]: ``adaptive_avg_pool2d`` of the patch queries on
-   their grid to ``pool_size`` (``m = ph * pw``);
+1. landmarks ``R`` [m, d]: ``adaptive_avg_pool2d`` to ``pool_size``
+   (``m = ph * pw``) of the queries of ``H * W`` tokens laid out on the
+   ``H x W`` grid: the patches (``landmarks='patches'``) or the first
+   ``H * W`` tokens of the sequence (``'official'``);
 2. routed expert ``j``: the ``min(topk, N)`` tokens with the largest
    ``R_j . k_t`` (no scale);
 3. shared expert: keys ``s R``, values ``Vt = softmax(s R K^T) V`` [m, d];
-4. query ``i`` goes to ``e = argmax_j R_j . q_i`` and returns
-   ``softmax(s q_i . [s R ; K_e]^T) @ [Vt ; V_e]``: ONE softmax over its
-   ``m`` compressed and ``k`` routed logits.
+4. query ``i`` scores the experts by ``R_j . q_i``, goes to its
+   ``experts_per_query`` best ``e_1, ..., e_s`` and returns ``softmax(l) @
+   w`` with ``l = s q_i . [s R ; K_e1 ; ... ; K_es]^T`` and ``w = [Vt ;
+   V_e1 ; ... ; V_es]``: ONE softmax over its ``m`` compressed and ``s * k``
+   routed logits. Without the shared expert the ``R`` / ``Vt`` part is left
+   out (routing-only); without routed experts only it remains
+   (compression-only).
+
+Every product of two vectors is a matrix product here (scores of one query
+are ``q_i @ M^T``, one ``mm``), so counting the matmuls of this function
+counts MiTA's multiply-adds (``tests/analysis/test_flops.py``).
 """
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mmseg_mita.utils import IntPair, check_int_pair
+from .experts import pooled_tokens
 
 
 def naive_mita(q: Tensor, k: Tensor, v: Tensor, hw: IntPair, *,
                num_extra_tokens: int = 1, pool_size: IntPair = 7,
-               topk: int = 49) -> Tensor:
+               topk: int = 49, experts_per_query: int = 1,
+               shared_expert: bool = True, routed_experts: bool = True,
+               landmarks: str = 'patches') -> Tensor:
     """MiTA of ``q``, ``k``, ``v`` [B, heads, N, d], one query at a time,
     in the inputs' dtype (use float64 for a reference). Differentiable."""
     b, h, n, d = q.shape
     hw = check_int_pair(hw, 'hw')
     pool_size = check_int_pair(pool_size, 'pool_size')
+    first = pooled_tokens(num_extra_tokens, landmarks)
     s = d**-0.5
     rows = []
     for bi in range(b):
         for hi in range(h):
             qh, kh, vh = q[bi, hi], k[bi, hi], v[bi, hi]
-            grid = qh[num_extra_tokens:].T.reshape(1, d, *hw)
-            landmarks = F.adaptive_avg_pool2d(grid, pool_size).reshape(d, -1).T
-            key_scores = landmarks @ kh.T
+            grid = qh[first:first + hw[0] * hw[1]].T.reshape(1, d, *hw)
+            marks = F.adaptive_avg_pool2d(grid, pool_size).reshape(d, -1).T
+            key_scores = marks @ kh.T
             chosen = key_scores.topk(min(topk, n), dim=-1).indices
-            shared_values = torch.softmax(s * key_scores, dim=-1) @ vh
+            if shared_expert:
+                shared_values = torch.softmax(s * key_scores, dim=-1) @ vh
             for i in range(n):
-                e = int(torch.argmax(landmarks @ qh[i]))
-                keys = torch.cat([s * landmarks, kh[chosen[e]]])
-                values = torch.cat([shared_values, vh[chosen[e]]])
-                p = torch.softmax(s * (keys @ qh[i]), dim=0)
-                rows.append(p @ values)
+                scores = qh[i] @ marks.T  # routing and compressed logits
+                logits, values = [], []
+                if shared_expert:
+                    logits.append(s * s * scores)
+                    values.append(shared_values)
+                if routed_experts:
+                    for e in scores.topk(experts_per_query).indices:
+                        logits.append(s * (qh[i] @ kh[chosen[e]].T))
+                        values.append(vh[chosen[e]])
+                p = torch.softmax(torch.cat(logits), dim=0)
+                rows.append(p @ torch.cat(values))
     return torch.stack(rows).view(b, h, n, d)

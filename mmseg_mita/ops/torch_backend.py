@@ -19,8 +19,15 @@ probabilities (plus the inputs, which the rest of the graph keeps anyway),
 gathers the slotted queries and each block's routed keys and values again
 instead of storing them, and sums key/value gradients per expert before
 adding them into ``dk``/``dv``.
+
+The variants: :class:`MultiExpertAttention` serves ``experts_per_query > 1``
+and routing-only (no compressed logits) with the same blocks, filled with
+(query, expert) pairs; compression-only is a plain softmax over the
+compressed logits (:func:`_compression_only`). ``s = 1`` with both experts
+takes :class:`ExpertBlockAttention`, the path above.
 """
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .experts import MiTAExperts, softmax_fp32
@@ -36,6 +43,19 @@ def _gather_blocks(x: Tensor, rows: Tensor, num_blocks: int) -> Tensor:
     """Rows ``rows`` [num_blocks * k] of ``x`` [G, N, d] as [blocks, k, d]."""
     d = x.shape[-1]
     return x.reshape(-1, d).index_select(0, rows).view(num_blocks, -1, d)
+
+
+def _sum_into_keys(grad_blocks: Tensor, key_rows: Tensor,
+                   block_expert: Tensor, shape: torch.Size) -> Tensor:
+    """Gradients [blocks, k, d] of each block's routed keys (or values)
+    summed into a zero tensor of ``shape`` [G, N, d]: over each expert's
+    blocks first (few long rows), then into the key rows (G * m * k rows of
+    d, not blocks * k)."""
+    d = shape[-1]
+    per_expert = grad_blocks.new_zeros(key_rows.shape + (d, ))
+    per_expert.index_add_(0, block_expert, grad_blocks)
+    return grad_blocks.new_zeros(shape).view(-1, d).index_add_(
+        0, key_rows.flatten(), per_expert.view(-1, d)).view(shape)
 
 
 class ExpertBlockAttention(torch.autograd.Function):
@@ -105,12 +125,8 @@ class ExpertBlockAttention(torch.autograd.Function):
                 0, slot).view(g, n, width)
 
         def to_keys(grad_blocks: Tensor) -> Tensor:
-            # Sum over each expert's blocks first (few long rows), then into
-            # the key rows (G * m * k rows of d, not blocks * k).
-            per_expert = grad_blocks.new_zeros(key_rows.shape + (d, ))
-            per_expert.index_add_(0, block_expert, grad_blocks)
-            return grad_blocks.new_zeros(g * n, d).index_add_(
-                0, key_rows.flatten(), per_expert.view(-1, d)).view(g, n, d)
+            return _sum_into_keys(grad_blocks, key_rows, block_expert,
+                                  q.shape)
 
         grad_slots = _to_slots(grad_out.reshape(g * n, d), slot, g * slots)
         grad_blocks = grad_slots.view(num_blocks, block, d)
@@ -161,6 +177,161 @@ class ExpertBlockAttention(torch.autograd.Function):
             None
 
 
+class MultiExpertAttention(torch.autograd.Function):
+    """Each query's one softmax over its compressed logits (if any) and the
+    routed logits of its ``s`` experts.
+
+    The block layout holds (query, expert) pairs: pair ``i * s + j`` is
+    flat query ``i`` with its ``j``-th expert, so each query sits in ``s``
+    blocks. Routed logits are scored per block as in
+    :class:`ExpertBlockAttention`, gathered per query to [G * N, s * k]
+    beside the compressed logits for the softmax, and the routed
+    probabilities go back to the blocks for the value matmul; the ``s``
+    pair outputs of a query are summed.
+
+    Inputs: ``q``, ``k``, ``v`` [G, N, d]; ``route_logits`` [G, N, m] and
+    ``shared_values`` [G, m, d], both None without a shared expert;
+    ``key_rows`` [G * m, k] (as in :class:`ExpertBlockAttention`);
+    ``layout``: :func:`~.routing.block_layout` of the experts [G, N * s];
+    ``s``; ``dropout_p``. Output [G, N, d].
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, route_logits,
+                shared_values, key_rows: Tensor, layout: BlockLayout, s: int,
+                dropout_p: float) -> Tensor:
+        g, n, d = q.shape
+        m = 0 if shared_values is None else shared_values.shape[1]
+        topk = key_rows.shape[1]
+        slots = g * layout.slots_per_group
+        num_blocks = layout.block_expert.numel()
+        rows = key_rows.index_select(0, layout.block_expert).flatten()
+        pair_query = _pair_queries(g * n, s, q.device)
+
+        q_pairs = _to_slots(
+            q.reshape(g * n, d).index_select(0, pair_query), layout.slot,
+            slots).view(num_blocks, layout.block, d)
+        routed = _scaled_bmm(
+            q_pairs, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
+            d**-0.5)
+        del q_pairs
+        routed = routed.view(slots, topk).index_select(0, layout.slot)
+        logits = routed.view(g * n, s * topk)
+        if m:
+            logits = torch.cat([route_logits.reshape(g * n, m), logits], -1)
+        probs = softmax_fp32(logits, inplace=True)
+        del logits, routed
+
+        mask = None
+        used = probs.to(v.dtype)
+        if dropout_p > 0:
+            mask = torch.rand_like(probs) >= dropout_p
+            used = used * mask / (1 - dropout_p)
+        used_routed = _to_slots(used[:, m:].reshape(g * n * s, topk),
+                                layout.slot, slots)
+        out = torch.bmm(used_routed.view(num_blocks, layout.block, topk),
+                        _gather_blocks(v, rows, num_blocks))
+        out = out.view(slots, d).index_select(0, layout.slot)
+        out = out.view(g, n, s, d).sum(2)
+        if m:
+            out += torch.bmm(used[:, :m].view(g, n, m), shared_values)
+
+        ctx.save_for_backward(probs, mask, q, k, v, shared_values, key_rows,
+                              layout.block_expert, layout.slot)
+        ctx.sizes = (m, s, layout.block, slots)
+        ctx.dropout_p = dropout_p
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (probs, mask, q, k, v, shared_values, key_rows, block_expert,
+         slot) = ctx.saved_tensors
+        g, n, d = q.shape
+        m, s, block, slots = ctx.sizes
+        topk = key_rows.shape[1]
+        num_blocks = block_expert.numel()
+        need = ctx.needs_input_grad
+        rows = key_rows.index_select(0, block_expert).flatten()
+        pair_query = _pair_queries(g * n, s, q.device)
+
+        def to_blocks(per_pair: Tensor) -> Tensor:
+            width = per_pair.shape[-1]
+            return _to_slots(per_pair, slot, slots).view(
+                num_blocks, block, width)
+
+        def to_pairs(blocks: Tensor) -> Tensor:
+            width = blocks.shape[-1]
+            return blocks.view(slots, width).index_select(0, slot).view(
+                g * n, s, width)
+
+        grad_flat = grad_out.reshape(g * n, d)
+        grad_blocks = to_blocks(grad_flat.index_select(0, pair_query))
+        used = probs.to(v.dtype)
+        if mask is not None:
+            used = used * mask / (1 - ctx.dropout_p)
+        grad_q = grad_k = grad_v = grad_route = grad_shared = None
+        if need[4]:
+            grad_shared = torch.bmm(used[:, :m].view(g, n, m).transpose(1, 2),
+                                    grad_out)
+        if need[2]:
+            used_routed = to_blocks(used[:, m:].reshape(g * n * s, topk))
+            grad_v = _sum_into_keys(
+                torch.bmm(used_routed.transpose(1, 2), grad_blocks),
+                key_rows, block_expert, q.shape)
+        if not (need[0] or need[1] or need[3]):
+            return grad_q, grad_k, grad_v, grad_route, grad_shared, None, \
+                None, None, None
+        del used
+
+        grad_probs = to_pairs(
+            torch.bmm(grad_blocks,
+                      _gather_blocks(v, rows, num_blocks).transpose(1, 2)))
+        grad_probs = grad_probs.view(g * n, s * topk)
+        if m:
+            grad_probs = torch.cat([
+                torch.bmm(grad_out, shared_values.transpose(1, 2)).view(
+                    g * n, m), grad_probs
+            ], -1)
+        del grad_blocks
+        grad_logits = grad_probs.to(probs.dtype)
+        if mask is not None:
+            grad_logits.mul_(mask).div_(1 - ctx.dropout_p)
+        # Softmax backward in place: p * (dp - p . dp).
+        row_dot = probs.unsqueeze(-2) @ grad_logits.unsqueeze(-1)
+        grad_logits.sub_(row_dot.squeeze(-1)).mul_(probs)
+        grad_logits = grad_logits.to(q.dtype)
+        if need[3]:
+            grad_route = grad_logits[:, :m].reshape(g, n, m)
+        grad_routed = to_blocks(grad_logits[:, m:].reshape(g * n * s, topk))
+        if need[0]:
+            grad_q = to_pairs(
+                _scaled_bmm(grad_routed, _gather_blocks(k, rows, num_blocks),
+                            d**-0.5)).sum(1).view(g, n, d)
+        if need[1]:
+            q_pairs = to_blocks(q.reshape(g * n, d).index_select(0,
+                                                                 pair_query))
+            grad_k = _sum_into_keys(
+                _scaled_bmm(grad_routed.transpose(1, 2), q_pairs, d**-0.5),
+                key_rows, block_expert, q.shape)
+        return grad_q, grad_k, grad_v, grad_route, grad_shared, None, None, \
+            None, None
+
+
+def _pair_queries(num_queries: int, s: int, device) -> Tensor:
+    """Flat query of each (query, expert) pair: ``[0] * s + [1] * s ...``."""
+    return torch.arange(num_queries, device=device).repeat_interleave(s)
+
+
+def _compression_only(route_logits: Tensor, shared_values: Tensor,
+                      dropout_p: float) -> Tensor:
+    """``softmax(route_logits) @ Vt`` [G, N, d]: attention over the ``m``
+    compressed keys alone (autograd keeps the [G, N, m] probabilities)."""
+    probs = softmax_fp32(route_logits).to(shared_values.dtype)
+    if dropout_p > 0:
+        probs = F.dropout(probs, dropout_p)
+    return probs @ shared_values
+
+
 def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
     """``scale * (a @ b)`` in one pass."""
     out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
@@ -170,25 +341,36 @@ def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
 def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                dropout_p: float = 0.0) -> Tensor:
     """The torch backend (see :mod:`.experts` for the contract): any device
-    and dtype, dropout included; under autocast it computes in the autocast
-    dtype."""
+    and dtype, every variant, dropout included; under autocast it computes
+    in the autocast dtype."""
     b, h, n, d = q.shape
     g = b * h
     m = experts.landmarks.shape[1]
-    layout = block_layout(experts.expert, m)
-    key_rows = routed_index(experts.topk_index, n)
     device = q.device.type
     autocast = torch.is_autocast_enabled(device)
     # Under autocast the inputs may mix float32 (q, k, v) and the autocast
     # dtype (matmul results): the Function computes in one dtype, outside
     # autocast, with its softmax in float32.
     dtype = torch.get_autocast_dtype(device) if autocast else v.dtype
-    tensors = [
-        t.to(dtype) for t in (q.reshape(g, n, d), k.reshape(g, n, d),
-                              v.reshape(g, n, d), experts.route_logits,
-                              experts.shared_values)
-    ]
+    q, k, v, route_logits, shared_values = (
+        None if t is None else t.to(dtype)
+        for t in (q.reshape(g, n, d), k.reshape(g, n, d), v.reshape(g, n, d),
+                  experts.route_logits, experts.shared_values))
     with torch.autocast(device, enabled=False):
-        out = ExpertBlockAttention.apply(*tensors, key_rows, layout,
-                                         dropout_p)
+        if experts.expert is None:
+            out = _compression_only(route_logits, shared_values, dropout_p)
+            return out.view(b, h, n, d)
+        s = experts.experts_per_query
+        layout = block_layout(experts.expert.reshape(g, n * s), m)
+        key_rows = routed_index(experts.topk_index, n)
+        if s == 1 and shared_values is not None:
+            out = ExpertBlockAttention.apply(q, k, v, route_logits,
+                                             shared_values, key_rows, layout,
+                                             dropout_p)
+        else:
+            if shared_values is None:
+                route_logits = None  # routing only: no compressed logits
+            out = MultiExpertAttention.apply(q, k, v, route_logits,
+                                             shared_values, key_rows, layout,
+                                             s, dropout_p)
     return out.view(b, h, n, d)

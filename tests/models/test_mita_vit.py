@@ -134,8 +134,9 @@ def test_layers_and_set_mita():
     assert [layer.attn.mita is not None for layer in model.layers] == \
         [False, True, False]
     model.set_mita(dict(pool_size=3, topk=9))
-    assert all(layer.attn.mita == dict(pool_size=(3, 3), topk=9,
-                                       backend='auto')
+    assert all(layer.attn.mita == dict(
+        pool_size=(3, 3), topk=9, experts_per_query=1, shared_expert=True,
+        routed_experts=True, landmarks='patches', backend='auto')
                for layer in model.layers)
     model.set_mita(None)
     assert all(layer.attn.mita is None for layer in model.layers)

@@ -5,6 +5,7 @@ import os.path as osp
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -73,6 +74,27 @@ def test_selection_frequency_counts_queries_per_key():
                                                        dtype=torch.float64))
 
 
+def test_selection_frequency_with_two_experts_per_query():
+    torch.manual_seed(1)
+    g, n, m, k = 2, 9, 4, 3
+    expert = torch.stack([torch.stack([torch.randperm(m)[:2]
+                                       for _ in range(n)])
+                          for _ in range(g)])  # [G, N, 2]
+    topk_index = torch.stack([
+        torch.stack([torch.randperm(n)[:k] for _ in range(m)])
+        for _ in range(g)
+    ])
+    freq = selection_frequency(expert, topk_index, m)
+    for gi in range(g):
+        for t in range(n):
+            hits = sum(t in topk_index[gi, e].tolist()
+                       for i in range(n) for e in expert[gi, i].tolist())
+            assert freq[gi, t].item() == pytest.approx(hits / n)
+    # every query gathers 2 k keys (a key of both its experts twice)
+    torch.testing.assert_close(freq.sum(1), torch.full((g, ), 2.0 * k,
+                                                       dtype=torch.float64))
+
+
 @pytest.mark.parametrize('size,bins', [(12, 4), (12, 5), (7, 3), (5, 5)])
 def test_pooling_cells_are_those_of_adaptive_avg_pool(size, bins):
     weights = F.adaptive_avg_pool1d(torch.eye(size)[None], bins)[0]
@@ -102,14 +124,89 @@ def test_show_experts_draws_every_mita_layer(repo_root, demo_data,
 def test_training_setting_and_grid_marks():
     assert training_setting(dict(type='VisionTransformer')) is None
     assert training_setting(dict(type='MiTAViT', mita_cfg=None)) is None
-    assert training_setting(dict(type='MiTAViT')) == (7, 49)
+    assert training_setting(dict(type='MiTAViT')) == ('MiTA', 7, 49)
     assert training_setting(dict(type='MiTAViT',
                                  mita_cfg=dict(pool_size=4, topk=16))) == \
-        (4, 16)
-    results = {'full': 50.0, 'mita': {'4,16': 40.0, '4,9': 30.0}}
-    text = format_grid(results, [4, 13], [9, 16], (4, 16))
+        ('MiTA', 4, 16)
+    assert training_setting(dict(
+        type='MiTAViT', mita_cfg=dict(experts_per_query=2,
+                                      shared_expert=False))) == \
+        ('routing-only s=2', 7, 49)
+    assert training_setting(dict(
+        type='MiTAViT', mita_cfg=dict(routed_experts=False))) == \
+        ('compression-only', 7, None)
+    results = {'full': 50.0, 'mita': {'MiTA': {'4,16': 40.0, '4,9': 30.0},
+                                      'compression-only': {'4': 20.0}}}
+    text = format_grid(results, [4, 13], [9, 16], ('MiTA', 4, 16))
+    lines = text.splitlines()
+    assert lines[1:3] == ['MiTA:', 'm \\ k              9       16 ']
     assert '16 (4x4)       30.00    40.00*' in text
-    assert 'skipped' in text.splitlines()[-1]
+    assert 'skipped' in lines[4]
+    assert lines[5:7] == ['compression-only:',
+                          'm \\ k          any k ']
+    assert lines[7] == '16 (4x4)       20.00 '
+    text = format_grid(results, [4], [9, 16], ('compression-only', 4, None))
+    assert text.splitlines()[-1] == '16 (4x4)       20.00*'
+
+
+def test_sweep_variants():
+    from sweep_mk import variants
+    assert variants([1, 2], False) == [('MiTA', dict(experts_per_query=1)),
+                                       ('MiTA s=2', dict(experts_per_query=2))]
+    assert [name for name, _ in variants([1, 3], True)] == [
+        'MiTA', 'MiTA s=3', 'routing-only', 'routing-only s=3',
+        'compression-only']
+
+
+class _RecordingRunner:
+    """Stands in for mmengine's Runner: ``test()`` runs the backbone on one
+    image and returns an mIoU that names the MiTA setting it ran with."""
+
+    def __init__(self):
+        from mmseg_mita.models import MiTAViT
+        self.model = types.SimpleNamespace(backbone=MiTAViT(
+            img_size=(48, 48), patch_size=8, embed_dims=16, num_layers=2,
+            num_heads=2, mita_cfg=None))
+        self.settings = []
+
+    def test(self):
+        backbone = self.model.backbone
+        backbone(torch.randn(1, 3, 48, 40))  # a 6 x 5 patch grid
+        cfg = backbone.mita_cfg
+        self.settings.append(cfg and {k: cfg[k] for k in (
+            'pool_size', 'topk', 'experts_per_query', 'shared_expert',
+            'routed_experts', 'landmarks', 'layers')})
+        return {'mIoU': float(len(self.settings))}
+
+
+def test_sweep_runs_every_variant_that_fits(tmp_path):
+    from sweep_mk import plot_heatmap, sweep, variants
+    runner = _RecordingRunner()
+    kept = dict(layers=[1], landmarks='official')
+    results = sweep(runner, [1, 2, 6], [3, 40], kept,
+                    variants([1, 2], True), log=lambda text: None)
+    assert results['patch_grid'] == [6, 5]
+    grids = results['mita']
+    assert list(grids) == ['MiTA', 'MiTA s=2', 'routing-only',
+                           'routing-only s=2', 'compression-only']
+    for name in ('MiTA', 'routing-only'):
+        assert list(grids[name]) == ['1,3', '1,40', '2,3', '2,40']
+    for name in ('MiTA s=2', 'routing-only s=2'):  # s > m = 1 skipped
+        assert list(grids[name]) == ['2,3', '2,40']
+    assert list(grids['compression-only']) == ['1', '2']  # no k
+    assert runner.settings[0] is None  # full attention first
+    assert len(runner.settings) == 1 + 4 + 2 + 4 + 2 + 2
+    by_result = {value: runner.settings[int(value) - 1]
+                 for grid in grids.values() for value in grid.values()}
+    assert by_result[grids['routing-only s=2']['2,40']] == dict(
+        pool_size=(2, 2), topk=40, experts_per_query=2, shared_expert=False,
+        routed_experts=True, landmarks='official', layers=[1])
+    assert by_result[grids['compression-only']['1']] == dict(
+        pool_size=(1, 1), topk=49, experts_per_query=1, shared_expert=True,
+        routed_experts=False, landmarks='official', layers=[1])
+    png = tmp_path / 'sweep.png'
+    plot_heatmap(results, [1, 2, 6], [3, 40], ('MiTA s=2', 2, 3), str(png))
+    assert png.read_bytes()[:4] == b'\x89PNG'
 
 
 def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
@@ -126,7 +223,9 @@ def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
         '12x12' in out
     assert re.search(r'full attention: mIoU [0-9.]+  \*', out)
     results = json.load(open(osp.join(work_dir, 'sweep_mk.json')))
-    assert sorted(results['mita']) == ['7,25', '7,4']
+    assert sorted(results['mita']) == ['MiTA']
+    assert sorted(results['mita']['MiTA']) == ['7,25', '7,4']
+    assert results['landmarks'] == 'patches' and results['layers'] == 'all'
     assert results['patch_grid'] == [12, 12] and results['trained'] is None
     with open(osp.join(work_dir, 'sweep_mk.png'), 'rb') as f:
         assert f.read(4) == b'\x89PNG'
@@ -138,7 +237,7 @@ def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
     ] + _data_opts(demo_data))
     assert 'missing keys' not in out and 'unexpected key' not in out
     miou = float(re.findall(r'mIoU: ([0-9.]+)', out)[-1])
-    assert miou == pytest.approx(results['mita']['7,25'], abs=0.01)
+    assert miou == pytest.approx(results['mita']['MiTA']['7,25'], abs=0.01)
 
 
 @pytest.mark.parametrize('config,options,expected', [

@@ -7,11 +7,16 @@ from mmengine.model import BaseModule
 from mmseg.models.backbones import VisionTransformer
 from mmseg.registry import MODELS
 
-from mmseg_mita.ops import BACKENDS, mita_attention
+from mmseg_mita.ops import BACKENDS, check_variant_args, mita_attention
 from mmseg_mita.utils import check_choice, check_int, check_int_pair
 from .state_dict_check import check_state_dict_fits
 
-MITA_DEFAULTS = dict(pool_size=7, topk=49, layers='all', backend='auto')
+# The keys of mita_cfg that go to mita_attention as they are.
+OPERATOR_KEYS = ('pool_size', 'topk', 'experts_per_query', 'shared_expert',
+                 'routed_experts', 'landmarks', 'backend')
+MITA_DEFAULTS = dict(pool_size=7, topk=49, experts_per_query=1,
+                     shared_expert=True, routed_experts=True,
+                     landmarks='patches', layers='all', backend='auto')
 
 
 class MiTAMultiheadAttention(MultiheadAttention):
@@ -52,10 +57,8 @@ class MiTAMultiheadAttention(MultiheadAttention):
         out = mita_attention(
             q, k, v, self.hw_shape,
             num_extra_tokens=self.num_extra_tokens,
-            pool_size=self.mita['pool_size'],
-            topk=self.mita['topk'],
-            backend=self.mita['backend'],
-            dropout_p=mha.dropout if self.training else 0.0)
+            dropout_p=mha.dropout if self.training else 0.0,
+            **self.mita)
         out = mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
         if not self.batch_first:
             out = out.transpose(0, 1)
@@ -63,7 +66,8 @@ class MiTAMultiheadAttention(MultiheadAttention):
         return identity + self.dropout_layer(self.proj_drop(out))
 
 
-def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int) -> Optional[dict]:
+def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
+                   num_extra_tokens: int) -> Optional[dict]:
     """Fill defaults and validate; returns None for full attention."""
     if mita_cfg is None:
         return None
@@ -74,6 +78,11 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int) -> Optional[dict]:
     cfg = {**MITA_DEFAULTS, **mita_cfg}
     check_int(cfg['topk'], 'mita_cfg.topk')
     cfg['pool_size'] = check_int_pair(cfg['pool_size'], 'mita_cfg.pool_size')
+    check_variant_args(cfg['experts_per_query'], cfg['shared_expert'],
+                       cfg['routed_experts'], cfg['landmarks'],
+                       num_extra_tokens,
+                       cfg['pool_size'][0] * cfg['pool_size'][1],
+                       prefix='mita_cfg.')
     check_choice(cfg['backend'], 'mita_cfg.backend', BACKENDS)
     layers = cfg['layers']
     if layers == 'all':
@@ -99,6 +108,10 @@ class MiTAViT(VisionTransformer):
 
     - ``pool_size`` (int | (ph, pw)): landmark grid, ``m = ph * pw``;
     - ``topk`` (int): keys per routed expert;
+    - ``experts_per_query`` (int, 1), ``shared_expert`` (bool, True),
+      ``routed_experts`` (bool, True), ``landmarks`` (``'patches'`` or
+      ``'official'``, which needs the cls token): the paper's variants, as
+      in :func:`mmseg_mita.ops.mita_attention`;
     - ``layers``: ``'all'`` or a list of layer indices to use MiTA in; the
       other layers keep full attention;
     - ``backend``: ``'auto'``, ``'torch'`` or ``'flash'``.
@@ -122,13 +135,13 @@ class MiTAViT(VisionTransformer):
     def set_mita(self, mita_cfg: Optional[dict]) -> None:
         """Use MiTA with ``mita_cfg`` (see the class docstring), or full
         attention everywhere with ``None``."""
-        cfg = parse_mita_cfg(mita_cfg, len(self.layers))
+        cfg = parse_mita_cfg(mita_cfg, len(self.layers),
+                             1 if self.with_cls_token else 0)
         self.mita_cfg = cfg
         for i, layer in enumerate(self.layers):
             on = cfg is not None and i in cfg['layers']
-            layer.attn.mita = {
-                key: cfg[key] for key in ('pool_size', 'topk', 'backend')
-            } if on else None
+            layer.attn.mita = {key: cfg[key]
+                               for key in OPERATOR_KEYS} if on else None
 
     def init_weights(self):
         """mmseg's ViT initialisation; pretrained weights that do not fit

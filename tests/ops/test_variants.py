@@ -1,0 +1,299 @@
+"""The paper's variants of MiTA (several experts per query, routing-only,
+compression-only, the authors' landmark convention) against the dense
+float64 per-query reference, and against hand-written formulas."""
+import importlib
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mita_testing import random_qkv
+
+from mmseg_mita.benchmarks import peak_memory
+from mmseg_mita.ops import (compute_experts, mita_attention, naive_mita,
+                            resolve_backend)
+from mmseg_mita.ops.flash_backend import mita_flash
+
+SHAPES = [
+    # B, heads, hw, extra, pool, topk
+    (2, 3, (5, 7), 1, (2, 3), 6),
+    (1, 2, (6, 5), 0, 3, 4),
+    (2, 1, (4, 6), 2, 2, 1000),  # topk >= N: every expert holds every key
+    (1, 2, (7, 7), 1, (3, 2), 20),  # experts overlap heavily
+]
+VARIANTS = [
+    # experts_per_query, shared_expert, routed_experts, landmarks
+    (2, True, True, 'patches'),
+    (3, True, True, 'patches'),
+    (1, False, True, 'patches'),
+    (3, False, True, 'patches'),
+    (1, True, False, 'patches'),
+    (1, True, True, 'official'),
+    (2, False, True, 'official'),
+    (1, True, False, 'official'),
+]
+CASES = [shape + variant for shape in SHAPES for variant in VARIANTS
+         if variant[3] == 'patches' or shape[3] == 1]
+
+
+def _options(s, shared, routed, landmarks, extra=1, pool=2, topk=4):
+    return dict(num_extra_tokens=extra, pool_size=pool, topk=topk,
+                experts_per_query=s, shared_expert=shared,
+                routed_experts=routed, landmarks=landmarks)
+
+
+def _assert_matches_reference(q, k, v, hw, backend='torch', **options):
+    out = mita_attention(q, k, v, hw, backend=backend, **options)
+    ref = naive_mita(q, k, v, hw, **options)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for name, g1, g2 in zip('qkv', got, want):
+        torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-9,
+                                   msg=lambda m: f'grad of {name}: {m}')
+
+
+@pytest.mark.parametrize('b,h,hw,extra,pool,topk,s,shared,routed,landmarks',
+                         CASES)
+def test_variant_matches_reference(b, h, hw, extra, pool, topk, s, shared,
+                                   routed, landmarks):
+    n = extra + hw[0] * hw[1]
+    _assert_matches_reference(*random_qkv(b, h, n, 8), hw,
+                              **_options(s, shared, routed, landmarks, extra,
+                                         pool, topk))
+
+
+@pytest.mark.parametrize('shared', [True, False])
+def test_same_experts_for_every_query(shared):
+    # Queries along one direction: every query of a group has the same
+    # s = 2 experts, whose blocks then hold all N queries each.
+    hw, d = (8, 8), 8
+    n = 1 + hw[0] * hw[1]
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(d, generator=gen, dtype=torch.float64)
+    q = (base + 0.003 * torch.randn(1, 2, n, d, generator=gen,
+                                    dtype=torch.float64)).requires_grad_()
+    k, v = random_qkv(1, 2, n, d, seed=4)[:2]
+    experts = compute_experts(q, k, v, hw, 1, (3, 3), 5, experts_per_query=2)
+    assert (experts.expert == experts.expert[:, :1]).all()
+    _assert_matches_reference(q, k, v, hw,
+                              **_options(2, shared, True, 'patches', 1, 3, 5))
+
+
+def test_experts_come_best_first():
+    q, k, v = random_qkv(2, 2, 26, 8)
+    experts = compute_experts(q, k, v, (5, 5), 1, (2, 2), 3,
+                              experts_per_query=3)
+    scores = experts.route_logits.gather(-1, experts.expert)
+    assert experts.expert.shape == (4, 26, 3)
+    assert (scores[..., :-1] > scores[..., 1:]).all()
+    assert (scores[..., -1:] >= experts.route_logits.topk(3).values[..., -1:]
+            ).all()
+
+
+def test_routing_only_with_every_key_is_full_attention():
+    # With topk >= N each expert holds every key, so a query's s * k routed
+    # logits are its N full-attention logits s times over: the softmax gives
+    # each copy 1 / s of the full-attention probability (a key chosen by s
+    # experts appears s times), and the output is full attention's.
+    hw = (5, 6)
+    q, k, v = random_qkv(2, 2, 31, 8)
+    full = F.scaled_dot_product_attention(q, k, v)
+    for s in (1, 2, 3):
+        out = mita_attention(q, k, v, hw, pool_size=2, topk=100,
+                             experts_per_query=s, shared_expert=False,
+                             backend='torch')
+        torch.testing.assert_close(out, full, rtol=1e-10, atol=1e-10)
+
+
+def _hand_pooled_official(q, hw, pool):
+    """The authors' landmarks: ``q[:, :, :-1]`` laid on the grid, averaged
+    over ``pool`` equal cells (``hw`` divisible by ``pool``)."""
+    b, h, n, d = q.shape
+    (gh, gw), (ph, pw) = hw, pool
+    grid = q[:, :, :-1].reshape(b, h, ph, gh // ph, pw, gw // pw, d)
+    return grid.mean(dim=(3, 5)).reshape(b * h, ph * pw, d)
+
+
+def test_official_landmarks_pool_the_sequence_without_its_last_token():
+    hw, pool = (6, 4), (3, 2)
+    q, k, v = random_qkv(2, 3, 1 + 24, 8)
+    want = _hand_pooled_official(q, hw, pool)
+    got = compute_experts(q, k, v, hw, 1, pool, 5, landmarks='official')
+    torch.testing.assert_close(got.landmarks, want, rtol=1e-12, atol=1e-12)
+    patches = compute_experts(q, k, v, hw, 1, pool, 5).landmarks
+    assert not torch.allclose(patches, want)
+
+    # End to end, compression-only written out by hand with these
+    # landmarks: softmax(s^2 q R^T) @ softmax(s R K^T) V.
+    d = q.shape[-1]
+    marks = want.view(2, 3, 6, d)
+    shared_values = torch.softmax(marks @ k.transpose(-1, -2) * d**-0.5,
+                                  -1) @ v
+    expected = torch.softmax(q @ marks.transpose(-1, -2) / d,
+                             -1) @ shared_values
+    out = mita_attention(q, k, v, hw, pool_size=pool, routed_experts=False,
+                         landmarks='official', backend='torch')
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_compression_only_needs_no_top_k():
+    q, k, v = random_qkv(1, 2, 17, 8)
+    experts = compute_experts(q, k, v, (4, 4), 1, (2, 2), 3,
+                              routed_experts=False)
+    assert experts.expert is None and experts.topk_index is None
+    assert experts.experts_per_query == 0
+    experts = compute_experts(q, k, v, (4, 4), 1, (2, 2), 3,
+                              shared_expert=False)
+    assert experts.shared_values is None
+
+
+@pytest.mark.parametrize('s,shared,routed', [(2, True, True),
+                                             (2, False, True),
+                                             (1, True, False)])
+def test_dropout_gradients_are_exact_for_the_sampled_mask(s, shared, routed):
+    # Reseeding gives every run the same mask: the backward must match a
+    # central finite difference along a random direction.
+    q, k, v = random_qkv(1, 2, 26, 8)
+    options = _options(s, shared, routed, 'patches', 1, 2, 4)
+
+    def loss(q, k, v, weight):
+        torch.manual_seed(0)
+        out = mita_attention(q, k, v, (5, 5), backend='torch', dropout_p=0.3,
+                             **options)
+        return (out * weight).sum()
+
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(q.shape, generator=gen, dtype=q.dtype)
+    step = [torch.randn(q.shape, generator=gen, dtype=q.dtype)
+            for _ in range(3)]
+    grads = torch.autograd.grad(loss(q, k, v, weight), (q, k, v))
+    analytic = sum((g * u).sum() for g, u in zip(grads, step))
+    eps = 1e-6
+    with torch.no_grad():
+        plus, minus = (loss(*(t + sign * eps * u for t, u in zip(
+            (q, k, v), step)), weight) for sign in (1, -1))
+    torch.testing.assert_close(analytic, (plus - minus) / (2 * eps),
+                               rtol=1e-6, atol=1e-8)
+    with torch.no_grad():
+        kept = mita_attention(q, k, v, (5, 5), backend='torch', **options)
+        torch.manual_seed(0)
+        dropped = mita_attention(q, k, v, (5, 5), backend='torch',
+                                 dropout_p=0.3, **options)
+    assert not torch.allclose(dropped, kept)
+
+
+@pytest.mark.parametrize('s,shared,routed', [(2, True, True),
+                                             (2, False, True),
+                                             (1, True, False)])
+def test_bfloat16_close_to_float32(s, shared, routed):
+    # topk >= N so that rounding cannot swap a routed key.
+    q, k, v = (t.detach().bfloat16() for t in random_qkv(2, 2, 65, 32))
+    full = [t.float().requires_grad_() for t in (q, k, v)]
+    low = [t.requires_grad_() for t in (q, k, v)]
+    options = _options(s, shared, routed, 'patches', 1, 4, 100)
+    outs = [mita_attention(*inputs, (8, 8), backend='torch', **options)
+            for inputs in (full, low)]
+    grad = torch.randn_like(outs[0])
+    outs[0].backward(grad)
+    outs[1].backward(grad.bfloat16())
+    for want, got in [(outs[0], outs[1])] + [(a.grad, b.grad)
+                                             for a, b in zip(full, low)]:
+        assert got.dtype == torch.bfloat16
+        assert (got.float() - want).norm() / want.norm() < 0.02
+
+
+@pytest.mark.parametrize('s,shared,routed', [(2, True, True),
+                                             (2, False, True),
+                                             (1, True, False)])
+def test_peak_memory_grows_linearly_with_tokens(s, shared, routed):
+    # An N x N tensor anywhere would make 4x the tokens cost ~16x memory.
+    cpu = torch.device('cpu')
+
+    def peak(side):
+        n = 1 + side * side
+        q, k, v = (torch.randn(1, 1, n, 32, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(1, 1, n, 32)
+        return peak_memory(
+            lambda: mita_attention(
+                q, k, v, (side, side), backend='torch', experts_per_query=s,
+                shared_expert=shared, routed_experts=routed).backward(grad),
+            cpu)
+
+    assert peak(64) / peak(32) < 4.5
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(experts_per_query=5), 'experts_per_query=5 is more than the m=4'),
+    (dict(experts_per_query=0), 'experts_per_query'),
+    (dict(shared_expert=False, routed_experts=False),
+     'shared_expert and routed_experts cannot both be False'),
+    (dict(routed_experts=False, experts_per_query=2),
+     'experts_per_query=2 has no effect'),
+    (dict(shared_expert=1), 'shared_expert must be True or False'),
+    (dict(landmarks='cls'), 'landmarks'),
+    (dict(landmarks='official', num_extra_tokens=0, hw=(5, 5)),
+     'exactly one extra'),
+    (dict(landmarks='official', num_extra_tokens=2, hw=(1, 23),
+          pool_size=(1, 2)),
+     'exactly one extra'),
+])
+def test_bad_variant_arguments_name_the_parameter(kwargs, match):
+    q = torch.randn(1, 2, 1 + 24, 8)
+    args = dict(hw=(4, 6), pool_size=2, topk=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        mita_attention(q, q, q, args.pop('hw'), **args)
+
+
+def test_auto_backend_takes_torch_for_several_experts(monkeypatch):
+    # What 'auto' decides for an fp16 CUDA input (described, not allocated).
+    module = importlib.import_module('mmseg_mita.ops.mita_attention')
+    monkeypatch.setattr(module, 'flash_attn_available', lambda: True)
+    q = SimpleNamespace(is_cuda=True, dtype=torch.float16,
+                        shape=(1, 1, 17, 64))
+    assert resolve_backend('auto', q) == 'flash'
+    assert resolve_backend('auto', q, experts_per_query=2) == 'torch'
+
+
+@pytest.fixture
+def plain_flash(monkeypatch):
+    """flash-attn replaced by its contract written in plain PyTorch."""
+    from test_flash_backend import plain_varlen_attention
+    fake = types.ModuleType('flash_attn')
+    fake.flash_attn_varlen_func = plain_varlen_attention
+    monkeypatch.setitem(sys.modules, 'flash_attn', fake)
+
+
+@pytest.mark.parametrize('shared,routed,landmarks', [
+    (False, True, 'patches'), (True, False, 'patches'),
+    (True, True, 'official'), (False, True, 'official')])
+def test_flash_bookkeeping_of_the_ablations(plain_flash, shared, routed,
+                                            landmarks):
+    hw = (5, 7)
+    q, k, v = random_qkv(2, 2, 36, 8)
+    options = _options(1, shared, routed, landmarks, 1, (2, 3), 6)
+    experts = compute_experts(q, k, v, hw, 1, (2, 3), 6,
+                              shared_expert=shared, routed_experts=routed,
+                              landmarks=landmarks)
+    out = mita_flash(q, k, v, experts)
+    ref = naive_mita(q, k, v, hw, **options)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for g1, g2 in zip(got, want):
+        torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-9)
+
+
+def test_flash_refuses_several_experts_per_query(plain_flash):
+    q, k, v = random_qkv(1, 1, 17, 8)
+    experts = compute_experts(q, k, v, (4, 4), 1, (2, 2), 3,
+                              experts_per_query=2)
+    with pytest.raises(ValueError,
+                       match="experts_per_query=2.*backend='torch'"):
+        mita_flash(q, k, v, experts)
