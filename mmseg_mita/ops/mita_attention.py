@@ -15,6 +15,7 @@ Per head, with ``s = head_dim ** -0.5`` and the ``N`` tokens laid out as
 Every query therefore sees ``m + k`` keys instead of ``N``. The operator has
 no parameters, so a full-attention checkpoint runs under it unchanged.
 """
+import importlib.util
 from typing import NamedTuple, Sequence, Tuple, Union
 
 import torch
@@ -24,7 +25,7 @@ from torch import Tensor
 from .flash_backend import flash_attn_available, mita_flash
 from .torch_backend import mita_torch, softmax_fp32
 
-BACKENDS = ('auto', 'torch', 'flash')
+BACKENDS = ('auto', 'torch', 'flash', 'triton')
 
 IntPair = Union[int, Sequence[int]]
 
@@ -137,6 +138,10 @@ def resolve_backend(backend: str, q: Tensor) -> str:
         raise ValueError(
             "backend='flash' needs flash-attn on a CUDA machine: install it "
             "with `pip install -e .[flash]`, or use backend='torch'")
+    if backend == 'triton' and importlib.util.find_spec('triton') is None:
+        raise ValueError(
+            "backend='triton' needs triton (shipped with CUDA builds of "
+            "PyTorch; `pip install triton`), or use backend='torch'")
     return backend
 
 
@@ -158,7 +163,10 @@ def mita_attention(q: Tensor,
         pool_size: landmark grid (ph, pw) or an int; ``m = ph * pw``.
         topk: keys per routed expert; ``topk >= N`` means every key.
         backend: 'torch' (any device, any dtype), 'flash' (flash-attn on
-            CUDA, fp16/bf16) or 'auto'.
+            CUDA, fp16/bf16), 'triton' (Triton kernels on CUDA, or on CPU
+            under TRITON_INTERPRET=1; float32/fp16/bf16, head_dim <= 128,
+            no dropout) or 'auto' (never 'triton' until a GPU run of
+            tools/gpu_check.sh has validated it).
         dropout_p: dropout on the attention probabilities.
 
     Returns:
@@ -170,5 +178,8 @@ def mita_attention(q: Tensor,
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
     backend = resolve_backend(backend, q)
     experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk)
-    run = mita_flash if backend == 'flash' else mita_torch
+    if backend == 'triton':  # optional dependency: imported on use
+        from .triton_backend import mita_triton as run
+    else:
+        run = mita_flash if backend == 'flash' else mita_torch
     return run(q, k, v, experts, dropout_p)
