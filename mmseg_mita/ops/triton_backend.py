@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - very old triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 128
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 
 
 @triton.jit
@@ -79,7 +79,7 @@ def _rows(ROWS, offs, mask, d, offs_d, d_mask):
                                                        & d_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_tiles'])  # a grid size: no recompiles
 def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
               k, d, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
@@ -104,7 +104,7 @@ def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
         n_mask = offs_n < m
         logits = tl.load(RL + rows[:, None] * m + offs_n[None, :],
                          mask=row_mask[:, None] & n_mask[None, :],
-                         other=0.0).to(tl.float32) * 1.4426950408889634
+                         other=0.0).to(tl.float32) * LOG2E
         logits = tl.where(n_mask[None, :], logits, -float('inf'))
         values = tl.load(VT + (group * m + offs_n)[:, None] * d +
                          offs_d[None, :],
@@ -142,7 +142,7 @@ def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
     tl.store(LSE + rows, m_i + tl.log2(l_i), mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_tiles'])  # a grid size: no recompiles
 def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
                  DRL, num_tiles, m, k, d, qk_scale, scale,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -168,8 +168,8 @@ def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
         n_mask = offs_n < m
         rl_offs = rows[:, None] * m + offs_n[None, :]
         rl_mask = row_mask[:, None] & n_mask[None, :]
-        logits = tl.load(RL + rl_offs, mask=rl_mask, other=0.0).to(
-            tl.float32) * 1.4426950408889634
+        logits = tl.load(RL + rl_offs, mask=rl_mask,
+                         other=0.0).to(tl.float32) * LOG2E
         p = tl.where(rl_mask, tl.exp2(logits - lse[:, None]), 0.0)
         values = tl.load(VT + (group * m + offs_n)[:, None] * d +
                          offs_d[None, :],
@@ -199,7 +199,7 @@ def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
     tl.store(DQ + q_offs, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['num_chunks'])  # a grid size: no recompiles
 def _mita_bwd_dkv(Q, K, V, RL, KEY_ROWS, ROWS, CHUNKS, DO, LSE, DELTA, DK_ACC,
                   DV_ACC, num_chunks, m, k, d, qk_scale, scale,
                   COMPRESSED: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -245,7 +245,7 @@ def _mita_bwd_dkv(Q, K, V, RL, KEY_ROWS, ROWS, CHUNKS, DO, LSE, DELTA, DK_ACC,
         if COMPRESSED:
             logits = tl.load(RL + rows[:, None] * m + offs_n[None, :],
                              mask=pair_mask,
-                             other=0.0).to(tl.float32) * 1.4426950408889634
+                             other=0.0).to(tl.float32) * LOG2E
             p = tl.where(pair_mask, tl.exp2(logits - lse[:, None]), 0.0)
             dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
         else:
@@ -323,10 +323,8 @@ class _Config:
 
 
 def _kernel_kwargs(cfg: _Config) -> dict:
-    kwargs = dict(BLOCK_N=cfg.block_n,
-                  BLOCK_D=cfg.block_d,
-                  PRECISION=cfg.precision,
-                  UPCAST=cfg.upcast)
+    kwargs = dict(BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+                  PRECISION=cfg.precision, UPCAST=cfg.upcast)
     if not interpreted():
         kwargs['num_warps'] = cfg.num_warps
     return kwargs
@@ -344,7 +342,8 @@ class TritonMiTA(torch.autograd.Function):
     ``route_logits`` [G * N, m]; ``shared_values`` [G, m, d];
     ``key_rows`` [G * m, k] (rows of the routed keys in ``k``);
     ``rows`` [G * N] (query rows sorted by global expert); ``tiles`` and
-    ``chunks`` from :func:`expert_tiles`. Output [G * N, d].
+    ``chunks`` from :func:`expert_tiles`; ``cfg`` a :class:`_Config`.
+    Output [G * N, d].
     """
 
     @staticmethod
@@ -354,24 +353,11 @@ class TritonMiTA(torch.autograd.Function):
         m, topk = shared_values.shape[1], key_rows.shape[1]
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], device=q.device, dtype=torch.float32)
-        scale = d**-0.5
-        _mita_fwd[(tiles.shape[1], )](q,
-                                      k,
-                                      v,
-                                      route_logits,
-                                      shared_values,
-                                      key_rows,
-                                      rows,
-                                      tiles,
-                                      out,
-                                      lse,
-                                      tiles.shape[1],
-                                      m,
-                                      topk,
-                                      d,
-                                      scale * LOG2E,
-                                      BLOCK_M=cfg.block_m,
-                                      **_kernel_kwargs(cfg))
+        num_tiles = tiles.shape[1]
+        _mita_fwd[(num_tiles, )](
+            q, k, v, route_logits, shared_values, key_rows, rows, tiles, out,
+            lse, num_tiles, m, topk, d, d**-0.5 * LOG2E.value,
+            BLOCK_M=cfg.block_m, **_kernel_kwargs(cfg))
         ctx.save_for_backward(q, k, v, route_logits, shared_values, key_rows,
                               rows, tiles, chunks, out, lse)
         ctx.cfg = cfg
@@ -385,62 +371,32 @@ class TritonMiTA(torch.autograd.Function):
         d = q.shape[1]
         m, topk = shared_values.shape[1], key_rows.shape[1]
         scale = d**-0.5
+        sizes = (m, topk, d, scale * LOG2E.value, scale)
+        kwargs = dict(BLOCK_M=cfg.block_m, **_kernel_kwargs(cfg))
         grad_out = grad_out.contiguous()
         delta = (grad_out.float() * out.float()).sum(-1)
+
         grad_q = torch.empty_like(q)
         grad_route = torch.empty_like(route_logits)
-        kwargs = _kernel_kwargs(cfg)
-        _mita_bwd_dq[(tiles.shape[1], )](q,
-                                         k,
-                                         v,
-                                         route_logits,
-                                         shared_values,
-                                         key_rows,
-                                         rows,
-                                         tiles,
-                                         grad_out,
-                                         lse,
-                                         delta,
-                                         grad_q,
-                                         grad_route,
-                                         tiles.shape[1],
-                                         m,
-                                         topk,
-                                         d,
-                                         scale * LOG2E,
-                                         scale,
-                                         BLOCK_M=cfg.block_m,
-                                         **kwargs)
+        num_tiles = tiles.shape[1]
+        _mita_bwd_dq[(num_tiles, )](
+            q, k, v, route_logits, shared_values, key_rows, rows, tiles,
+            grad_out, lse, delta, grad_q, grad_route, num_tiles, *sizes,
+            **kwargs)
 
+        # float32 sums, added into by atomics.
         grad_k = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         grad_v = torch.zeros_like(grad_k)
-        grad_shared = torch.zeros(shared_values.shape,
-                                  device=q.device,
+        grad_shared = torch.zeros(shared_values.shape, device=q.device,
                                   dtype=torch.float32)
-        for compressed, keys, dk, dv in ((False, topk, grad_k, grad_v),
-                                         (True, m, grad_k, grad_shared)):
-            grid = (chunks.shape[1], triton.cdiv(keys, cfg.block_n))
-            _mita_bwd_dkv[grid](q,
-                                k,
-                                v,
-                                route_logits,
-                                key_rows,
-                                rows,
-                                chunks,
-                                grad_out,
-                                lse,
-                                delta,
-                                dk,
-                                dv,
-                                chunks.shape[1],
-                                m,
-                                topk,
-                                d,
-                                scale * LOG2E,
-                                scale,
-                                COMPRESSED=compressed,
-                                BLOCK_M=cfg.block_m,
-                                **kwargs)
+        num_chunks = chunks.shape[1]
+        for compressed, num_keys, dv in ((False, topk, grad_v),
+                                         (True, m, grad_shared)):
+            grid = (num_chunks, triton.cdiv(num_keys, cfg.block_n))
+            _mita_bwd_dkv[grid](
+                q, k, v, route_logits, key_rows, rows, chunks, grad_out, lse,
+                delta, grad_k, dv, num_chunks, *sizes,
+                COMPRESSED=compressed, **kwargs)
         return (grad_q, grad_k.to(k.dtype), grad_v.to(v.dtype), grad_route,
                 grad_shared.to(shared_values.dtype), None, None, None, None,
                 None)
