@@ -331,8 +331,11 @@ def _kernel_kwargs(cfg: _Config) -> dict:
 
 
 def interpreted() -> bool:
-    """Whether the kernels run in Triton's CPU interpreter."""
-    return isinstance(_mita_fwd, InterpretedFunction)
+    """Whether the kernels run in Triton's CPU interpreter: TRITON_INTERPRET=1
+    was set before triton was first imported (triton's own ``tl.zeros``,
+    ``tl.sum``... are decorated when triton is imported)."""
+    return all(
+        isinstance(fn, InterpretedFunction) for fn in (_mita_fwd, tl.zeros))
 
 
 class TritonMiTA(torch.autograd.Function):

@@ -1,29 +1,25 @@
 """The Triton backend on CPU through Triton's interpreter, against the dense
 float64 per-query reference (forward and gradients of q, k and v).
 
-``TRITON_INTERPRET=1`` is set here, before anything imports triton's kernels
-(``mmseg_mita.ops`` imports them only when ``backend='triton'`` runs). The
+``TRITON_INTERPRET=1`` is set by ``conftest.py`` of this directory when
+there is no GPU (before triton is first imported); with a GPU these tests
+skip and ``test_cuda_backends.py`` runs the compiled kernels. The
 interpreter has no float64 ``tl.dot``: float32 inputs are checked against the
 float64 reference on the same values at a tight tolerance. Block sizes are
 16 in the interpreter, so the cases below span several key tiles
 (m, k > 16), several query tiles and chunks per expert, a padded head_dim
 and, at N = 82, one expert holding every query.
 """
-import os
+import pytest
+import torch
+from test_mita_attention import _inputs
 
-os.environ.setdefault('TRITON_INTERPRET', '1')
+from mmseg_mita.ops import compute_experts, mita_attention
+from mmseg_mita.ops.routing import sort_by_expert
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-triton = pytest.importorskip(
-    'triton', reason='triton is a test dependency: pip install triton')
-
-from test_mita_attention import _inputs  # noqa: E402
-
-from mmseg_mita.ops import compute_experts, mita_attention  # noqa: E402
+pytest.importorskip('triton',
+                    reason='triton is a test dependency: pip install triton')
 from mmseg_mita.ops import triton_backend  # noqa: E402
-from mmseg_mita.ops.routing import sort_by_expert  # noqa: E402
 
 try:
     from mmseg_mita.ops.naive import naive_mita as reference_mita
@@ -33,8 +29,8 @@ except ImportError:
 pytestmark = [
     pytest.mark.skipif(
         not triton_backend.interpreted(),
-        reason='triton was imported before TRITON_INTERPRET=1 was set (run '
-        'this module in its own pytest process); CUDA runs are in '
+        reason='the kernels are compiled (a GPU is present, or triton was '
+        'imported before TRITON_INTERPRET=1 was set): CUDA runs are in '
         'tests/ops/test_cuda_backends.py'),
     # The interpreter's own loop bounds (triton 3.6, numpy 1.25 to 2.3).
     pytest.mark.filterwarnings(
