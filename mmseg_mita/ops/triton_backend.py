@@ -79,7 +79,7 @@ def _rows(ROWS, offs, mask, d, offs_d, d_mask):
                                                        & d_mask[None, :])
 
 
-@triton.jit(do_not_specialize=['num_tiles'])  # a grid size: no recompiles
+@triton.jit(do_not_specialize=['num_tiles', 'm', 'k'])  # no recompiles
 def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
               k, d, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
@@ -142,7 +142,7 @@ def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
     tl.store(LSE + rows, m_i + tl.log2(l_i), mask=row_mask)
 
 
-@triton.jit(do_not_specialize=['num_tiles'])  # a grid size: no recompiles
+@triton.jit(do_not_specialize=['num_tiles', 'm', 'k'])  # no recompiles
 def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
                  DRL, num_tiles, m, k, d, qk_scale, scale,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -199,7 +199,7 @@ def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
     tl.store(DQ + q_offs, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit(do_not_specialize=['num_chunks'])  # a grid size: no recompiles
+@triton.jit(do_not_specialize=['num_chunks', 'm', 'k'])  # no recompiles
 def _mita_bwd_dkv(Q, K, V, RL, KEY_ROWS, ROWS, CHUNKS, DO, LSE, DELTA, DK_ACC,
                   DV_ACC, num_chunks, m, k, d, qk_scale, scale,
                   COMPRESSED: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -312,9 +312,14 @@ class _Config:
         if interpreted:  # small blocks: the interpreter runs them in numpy
             self.block_m, self.block_n, self.chunk_m = 16, 16, 32
         else:
-            # Tiles no larger than the mean expert (N / m queries).
-            self.block_m = min(64, max(16, _next_pow2(-(-n // m))))
+            # Tiles no larger than the mean expert (N / m queries). float32
+            # (exact IEEE products, no tensor cores: the accurate path, not
+            # the fast one) uses 32: 64-wide IEEE dots take 3x the compile
+            # time.
+            largest = 32 if dtype == torch.float32 else 64
+            self.block_m = min(largest, max(16, _next_pow2(-(-n // m))))
             self.block_n = 64 if self.block_d <= 64 else 32
+            self.block_n = min(self.block_n, largest)
             self.chunk_m = 256
         self.num_warps = 4 if self.block_d <= 64 else 8
         # float32: exact products (tf32 would lose 3 decimal digits).
