@@ -12,7 +12,7 @@
 #
 #   bash tools/gpu_check.sh OUT_DIR
 #
-# Needs python (PYTHON, default python3) with torch, triton, numpy and
+# Needs python (PYTHON, else python3 or python) with torch, triton, numpy and
 # pytest; no mmcv/mmengine/mmseg/flash-attn, no network; runs from a plain
 # copy of the repository (PYTHONPATH=<repo>), installs nothing. Each part has
 # its own time limit and the whole script stays under GPU_CHECK_SECONDS
@@ -30,7 +30,17 @@ if [ $# -ne 1 ]; then
 fi
 mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
-PY=${PYTHON:-python3}
+PY=""
+for candidate in ${PYTHON:-} python3 python; do
+    if "$candidate" -c 'import torch' >/dev/null 2>&1; then
+        PY=$candidate
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "gpu_check: no python with torch (set PYTHON=/path/to/python)" >&2
+    exit 2
+fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET  # compiled kernels on the GPU
 TOTAL=${GPU_CHECK_SECONDS:-470}
@@ -95,7 +105,7 @@ print(json.dumps(info))
 PY
 
 # (a) Op tests on CUDA (they skip without CUDA).
-run_part op_tests 150 "$PY" -m pytest -p no:cacheprovider -q -rs \
+run_part op_tests 180 "$PY" -m pytest -p no:cacheprovider -q -rs \
     tests/ops/test_cuda_backends.py tests/ops/test_flash_backend.py \
     --junitxml "$OUT/op_tests.xml"
 

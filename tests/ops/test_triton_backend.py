@@ -12,10 +12,12 @@ and, at N = 82, one expert holding every query.
 """
 import pytest
 import torch
+from low_precision import fixed_routing_errors, relative_error
 from test_mita_attention import _inputs
 
 from mmseg_mita.ops import compute_experts, mita_attention
 from mmseg_mita.ops.routing import sort_by_expert
+from mmseg_mita.ops.torch_backend import mita_torch
 
 pytest.importorskip('triton',
                     reason='triton is a test dependency: pip install triton')
@@ -36,11 +38,6 @@ pytestmark = [
     pytest.mark.filterwarnings(
         'ignore:Conversion of an array with ndim > 0:DeprecationWarning'),
 ]
-
-
-def _relative_error(got, want):
-    want = want.detach()
-    return float((got.detach().double() - want).norm() / want.norm())
 
 
 def _run(q, k, v, hw, extra, pool, topk, backend, dtype):
@@ -104,22 +101,16 @@ def test_one_expert_gets_every_query():
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_half_precision_within_twice_the_torch_backend_error(dtype):
-    # Both backends share the routing, so they see the same keys; the
-    # Triton kernels must be about as accurate as the torch backend
-    # (measured: 1.0x to 1.5x its error against float64).
-    hw, extra, pool, topk = (10, 10), 1, 3, 20
-    q, k, v = (t.detach().to(dtype).double().requires_grad_()
-               for t in _inputs(1, 2, 1 + 100, 64))
-    grad = torch.randn(q.shape, dtype=torch.float64).to(dtype).double()
-    ref, ref_grads = _reference(q, k, v, hw, extra, pool, topk, grad)
-    errors = {}
-    for backend in ('torch', 'triton'):
-        out, low = _run(q, k, v, hw, extra, pool, topk, backend, dtype)
-        assert out.dtype == dtype
-        grads = torch.autograd.grad(out, low, grad.to(dtype))
-        errors[backend] = [_relative_error(out, ref)] + [
-            _relative_error(g, w) for g, w in zip(grads, ref_grads)
-        ]
+    # Routing held fixed (low_precision.py): the error is the numerical
+    # error of the attention alone; the Triton kernels must be about as
+    # accurate as the torch backend (measured: 0.6x to 1.5x its error).
+    inputs = [t.detach().to(dtype).double() for t in _inputs(1, 2, 101, 64)]
+    errors = {
+        name: fixed_routing_errors(fn, inputs, (10, 10), 1, (3, 3), 20, dtype,
+                                   'cpu')
+        for name, fn in (('torch', mita_torch),
+                         ('triton', triton_backend.mita_triton))
+    }
     for triton_err, torch_err in zip(errors['triton'], errors['torch']):
         assert triton_err <= 2 * torch_err + 1e-4, errors
         assert triton_err < 2e-2, errors
@@ -139,10 +130,10 @@ def test_autocast_computes_in_the_autocast_dtype():
     out, grads = results['triton']
     assert out.dtype == torch.bfloat16
     want_out, want_grads = results['torch']
-    assert _relative_error(out, want_out.double()) < 1e-2
+    assert relative_error(out, want_out.double()) < 1e-2
     for got, want in zip(grads, want_grads):
         assert got.dtype == torch.float32
-        assert _relative_error(got, want.double()) < 2e-2
+        assert relative_error(got, want.double()) < 2e-2
 
 
 def test_tiles_never_straddle_experts_and_skip_empty_ones():
