@@ -92,7 +92,10 @@ import torch
 info = dict(python=platform.python_version(), torch=torch.__version__,
             cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
 if torch.cuda.is_available():
-    info['gpu'] = torch.cuda.get_device_name(0)
+    props = torch.cuda.get_device_properties(0)
+    info.update(gpu=props.name, capability=list(torch.cuda.get_device_capability(0)),
+                memory_gib=round(props.total_memory / 2**30, 1),
+                multiprocessors=props.multi_processor_count)
 for name in ('triton', 'numpy', 'flash_attn'):
     try:
         info[name] = __import__(name).__version__
