@@ -429,10 +429,7 @@ def check_triton_inputs(q: Tensor, dropout_p: float) -> None:
             "them on CPU (slow, for tests), or use backend='torch'")
 
 
-def mita_triton(q: Tensor,
-                k: Tensor,
-                v: Tensor,
-                experts,
+def mita_triton(q: Tensor, k: Tensor, v: Tensor, experts,
                 dropout_p: float = 0.0) -> Tensor:
     """The backend entry point: ``experts`` from
     :func:`~.mita_attention.compute_experts`; dropout is not implemented
