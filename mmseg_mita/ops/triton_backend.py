@@ -84,6 +84,7 @@ def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
               k, d, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
               UPCAST: tl.constexpr):
+    """Output and log-sum-exp (base 2) of one tile of queries."""
     expert, start, end = _tile(TILES, num_tiles, tl.program_id(0))
     if start >= end:
         return
