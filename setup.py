@@ -28,6 +28,6 @@ setup(
     ],
     extras_require={
         'flash': ['flash-attn>=2.5'],
-        'tests': ['pytest'],
+        'tests': ['pytest', 'triton'],
     },
 )

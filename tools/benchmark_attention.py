@@ -2,6 +2,7 @@
 
     python tools/benchmark_attention.py [--tokens 1025 1601 4097 16385 65537]
         [--device cpu] [--dtype float32] [--heads 6] [--head-dim 64]
+        [--backend auto | --backends torch triton ...]
         [--single-head-from 16385] [--pool-size 7] [--topk 49]
         [--experts-per-query 2] [--repeats 3] [--json results.json]
         [--plot scaling.png]
@@ -10,7 +11,10 @@ Every N is a square patch grid plus ``--extra-tokens`` (cls) tokens. For
 each, on the same random q, k, v and in the same run, it measures the
 forward (under ``torch.no_grad``) and forward+backward time and peak memory
 of ``mita_attention`` (m = pool_size^2 landmarks, k = topk routed keys) and
-of ``F.scaled_dot_product_attention``. Runs are interleaved so that both
+of ``F.scaled_dot_product_attention``; ``--backends`` measures several
+MiTA backends in the same run (methods ``mita_<backend>``, speed-ups
+``speedup_<mode>_<backend>``; a single ``--backend`` keeps ``mita`` and
+``speedup_<mode>``). Runs are interleaved so that all
 see the same machine load; times are the best of the repeats (a shared
 machine only ever adds time). Peak memory is what the call allocates above
 its inputs (see ``mmseg_mita.benchmarks`` for how it is measured on CPU).
@@ -39,7 +43,6 @@ from mmseg_mita.utils import write_atomic, write_json
 DTYPES = dict(float32=torch.float32, float16=torch.float16,
               bfloat16=torch.bfloat16, float64=torch.float64)
 MODES = ('forward', 'forward_backward')
-METHODS = ('mita', 'sdpa')
 
 
 def parse_args(argv=None):
@@ -61,7 +64,11 @@ def parse_args(argv=None):
                         help='also time MiTA with this many routed experts '
                         'per query, relative to one (at most pool_size ** 2)')
     parser.add_argument('--backend', default='auto',
-                        help="mita_attention backend (auto, torch, flash)")
+                        help='mita_attention backend (auto, torch, flash, '
+                        'triton)')
+    parser.add_argument('--backends', nargs='+', metavar='BACKEND',
+                        help='measure several MiTA backends in one run '
+                        '(replaces --backend)')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--dtype', default='float32', choices=list(DTYPES))
     parser.add_argument('--repeats', type=int, default=3)
@@ -83,9 +90,28 @@ def parse_args(argv=None):
     if args.experts_per_query > args.pool_size**2:
         parser.error('--experts-per-query must be at most the number of '
                      f'experts pool_size ** 2 = {args.pool_size**2}')
+    if args.experts_per_query > 1 and args.backends:
+        parser.error('--experts-per-query compares with one --backend, not '
+                     '--backends')
     for n in args.tokens:
         grid_side(n, args.extra_tokens, args.pool_size)
     return args
+
+
+def mita_methods(args) -> dict:
+    """Method name -> MiTA backend: ``mita`` for one ``--backend``,
+    ``mita_<backend>`` for each of ``--backends``."""
+    if not args.backends:
+        return {'mita': args.backend}
+    return {f'mita_{backend}': backend for backend in args.backends}
+
+
+def methods(args) -> list:
+    """The measured methods: MiTA per backend, SDPA and, with
+    ``--experts-per-query`` above 1, MiTA with that many experts
+    (``mita_multi``, on ``--backend``)."""
+    multi = ['mita_multi'] if args.experts_per_query > 1 else []
+    return list(mita_methods(args)) + ['sdpa'] + multi
 
 
 def grid_side(tokens: int, extra_tokens: int, pool_size: int) -> int:
@@ -100,13 +126,13 @@ def grid_side(tokens: int, extra_tokens: int, pool_size: int) -> int:
 
 
 def _functions(q, k, v, grad, side, args):
-    """The four measured calls; backward runs start from fresh grads."""
+    """The measured calls; backward runs start from fresh grads."""
     kwargs = dict(num_extra_tokens=args.extra_tokens,
-                  pool_size=args.pool_size, topk=args.topk,
-                  backend=args.backend)
+                  pool_size=args.pool_size, topk=args.topk)
 
-    def mita():
-        return mita_attention(q, k, v, (side, side), **kwargs)
+    def mita(backend):
+        return lambda: mita_attention(q, k, v, (side, side), backend=backend,
+                                      **kwargs)
 
     def mita_multi():
         return mita_attention(q, k, v, (side, side),
@@ -129,11 +155,13 @@ def _functions(q, k, v, grad, side, args):
             attend().backward(grad)
         return run
 
-    methods = [('mita', mita), ('sdpa', sdpa)]
+    attends = [(name, mita(backend))
+               for name, backend in mita_methods(args).items()]
+    attends.append(('sdpa', sdpa))
     if args.experts_per_query > 1:
-        methods.append(('mita_multi', mita_multi))
+        attends.append(('mita_multi', mita_multi))
     calls = {}
-    for method, attend in methods:
+    for method, attend in attends:
         calls[(method, 'forward')] = forward(attend)
         calls[(method, 'forward_backward')] = forward_backward(attend)
     return calls
@@ -166,6 +194,7 @@ def bench_tokens(n: int, args, device: torch.device) -> dict:
     times = time_interleaved({str(key): call for key, call in calls.items()},
                              device, args.repeats, args.time_budget, slow)
     record = dict(tokens=n, grid=[side, side], batch=args.batch, heads=heads,
+                  methods=methods(args),
                   head_dim=args.head_dim, landmarks=args.pool_size**2,
                   topk=args.topk, load_average=[load_before, load_average()])
     for method in methods(args):
@@ -175,9 +204,11 @@ def bench_tokens(n: int, args, device: torch.device) -> dict:
                        timed_by_memory_run=str((method, mode)) in slow)
             for mode in MODES
         }
-    for mode in MODES:
-        record[f'speedup_{mode}'] = (record['sdpa'][mode]['best_s'] /
-                                     record['mita'][mode]['best_s'])
+    for method in mita_methods(args):
+        for mode in MODES:
+            record[f'speedup_{mode}{method[4:]}'] = (
+                record['sdpa'][mode]['best_s'] /
+                record[method][mode]['best_s'])
     if args.experts_per_query > 1:
         m, topk = args.pool_size**2, min(args.topk, n)
         record['experts_per_query'] = args.experts_per_query
@@ -189,37 +220,36 @@ def bench_tokens(n: int, args, device: torch.device) -> dict:
     return record
 
 
-def methods(args):
-    """The measured methods: MiTA, SDPA and, with ``--experts-per-query``
-    above 1, MiTA with that many experts (``mita_multi``)."""
-    return METHODS + (('mita_multi', ) if args.experts_per_query > 1 else ())
-
-
 def _ms(stats: dict) -> str:
     mark = '*' if stats['timed_by_memory_run'] else ' '
     return f'{stats["best_s"] * 1e3:.1f}{mark}'
 
 
+def _label(method: str) -> str:
+    if method == 'sdpa':
+        return 'SDPA'
+    return 'MiTA' if method == 'mita' else f'MiTA ({method[5:]})'
+
+
 def format_table(records) -> str:
+    """One row per (N, method); x = SDPA time / the method's time."""
     mib = 2**20
     lines = [
-        f'{"N":>6} {"BxH":>4} | {"forward ms":^22} {"x":>6} | '
-        f'{"fwd+bwd ms":^22} {"x":>6} | {"fwd+bwd peak MiB":^21}',
-        f'{"":>6} {"":>4} | {"MiTA":>10} {"SDPA":>11} {"":>6} | '
-        f'{"MiTA":>10} {"SDPA":>11} {"":>6} | {"MiTA":>10} {"SDPA":>10}'
+        f'{"N":>6} {"BxH":>4} | {"method":<14} | {"fwd ms":>9} {"x":>6} | '
+        f'{"fwd+bwd ms":>10} {"x":>6} | {"fwd+bwd peak MiB":>16}'
     ]
     for r in records:
-        mita, sdpa = r['mita'], r['sdpa']
-        lines.append(
-            f'{r["tokens"]:>6} {r["batch"] * r["heads"]:>4} | '
-            f'{_ms(mita["forward"]):>11}{_ms(sdpa["forward"]):>12} '
-            f'{r["speedup_forward"]:>6.1f} | '
-            f'{_ms(mita["forward_backward"]):>11}'
-            f'{_ms(sdpa["forward_backward"]):>12} '
-            f'{r["speedup_forward_backward"]:>6.1f} | '
-            f'{mita["forward_backward"]["peak_bytes"] / mib:>10.1f} '
-            f'{sdpa["forward_backward"]["peak_bytes"] / mib:>10.1f}')
-    lines.append('x = SDPA time / MiTA time (best of the repeats); peak = '
+        for method in r['methods']:
+            stats, sdpa = r[method], r['sdpa']
+            speedups = [sdpa[mode]['best_s'] / stats[mode]['best_s']
+                        for mode in MODES]
+            lines.append(
+                f'{r["tokens"]:>6} {r["batch"] * r["heads"]:>4} | '
+                f'{_label(method):<14} | {_ms(stats["forward"]):>9} '
+                f'{speedups[0]:>6.1f} | '
+                f'{_ms(stats["forward_backward"]):>10} {speedups[1]:>6.1f} | '
+                f'{stats["forward_backward"]["peak_bytes"] / mib:>16.1f}')
+    lines.append('x = SDPA time / method time (best of the repeats); peak = '
                  'bytes allocated above the inputs; * = one run, the '
                  'memory run')
     return '\n'.join(lines)
@@ -261,7 +291,8 @@ def plot(records, path: str) -> None:
     tokens = [r['tokens'] for r in records]
     per = [r['batch'] * r['heads'] for r in records]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for method, label in (('mita', 'MiTA'), ('sdpa', 'SDPA (full)')):
+    for method in records[0]['methods']:
+        label = _label(method).replace('SDPA', 'SDPA (full)')
         for mode, style in (('forward_backward', '-o'), ('forward', '--s')):
             ax_t.plot(tokens, [
                 r[method][mode]['best_s'] / p for r, p in zip(records, per)
@@ -295,9 +326,12 @@ def main(argv=None):
     records = []
     for n in args.tokens:
         records.append(bench_tokens(n, args, device))
-        print(f'N={n} done: fwd+bwd speed-up '
-              f'{records[-1]["speedup_forward_backward"]:.2f}x',
-              file=sys.stderr, flush=True)
+        speedups = ', '.join(
+            f'{_label(method)} '
+            f'{records[-1]["speedup_forward_backward" + method[4:]]:.2f}x'
+            for method in mita_methods(args))
+        print(f'N={n} done: fwd+bwd speed-up {speedups}', file=sys.stderr,
+              flush=True)
     print(format_table(records))
     if args.experts_per_query > 1:
         print(format_multi_table(records))

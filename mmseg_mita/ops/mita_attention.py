@@ -27,6 +27,7 @@ alone, i.e. plain attention over ``[s R ; Vt]``).
 documented in :mod:`.experts`). The plain per-query definition is
 :func:`~.naive.naive_mita`.
 """
+import importlib.util
 from typing import Dict, Tuple
 
 import torch
@@ -37,7 +38,7 @@ from .experts import LANDMARKS, Backend, compute_experts
 from .flash_backend import flash_attn_available, mita_flash
 from .torch_backend import mita_torch
 
-BACKENDS = ('auto', 'torch', 'flash')
+BACKENDS = ('auto', 'torch', 'flash', 'triton')
 
 _BACKEND_FUNCTIONS: Dict[str, Backend] = dict(torch=mita_torch,
                                               flash=mita_flash)
@@ -131,6 +132,10 @@ def resolve_backend(backend: str, q: Tensor,
         raise ValueError(
             "backend='flash' needs flash-attn on a CUDA machine: install it "
             "with `pip install -e .[flash]`, or use backend='torch'")
+    if backend == 'triton' and importlib.util.find_spec('triton') is None:
+        raise ValueError(
+            "backend='triton' needs triton (shipped with CUDA builds of "
+            "PyTorch; `pip install triton`), or use backend='torch'")
     return backend
 
 
@@ -175,8 +180,12 @@ def mita_attention(q: Tensor,
             Use ``'official'`` for checkpoints trained with the authors'
             code.
         backend: 'torch' (any device, any dtype, every option), 'flash'
-            (flash-attn on CUDA, fp16/bf16, ``experts_per_query=1``) or
-            'auto' (flash where it applies, else torch).
+            (flash-attn on CUDA, fp16/bf16, ``experts_per_query=1``),
+            'triton' (Triton kernels on CUDA, or on CPU under
+            ``TRITON_INTERPRET=1``; float32/fp16/bf16, head_dim <= 128, the
+            default variant, no dropout) or 'auto' (flash where it applies,
+            else torch; never 'triton' until a GPU run of
+            ``tools/gpu_check.sh`` has validated it).
         dropout_p: dropout on the attention probabilities.
 
     Returns:
@@ -189,7 +198,11 @@ def mita_attention(q: Tensor,
                        pool_size[0] * pool_size[1])
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
-    run = _BACKEND_FUNCTIONS[resolve_backend(backend, q, experts_per_query)]
+    backend = resolve_backend(backend, q, experts_per_query)
+    if backend == 'triton':  # optional dependency: imported on use
+        from .triton_backend import mita_triton as run
+    else:
+        run = _BACKEND_FUNCTIONS[backend]
     experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk,
                               experts_per_query=experts_per_query,
                               shared_expert=shared_expert,

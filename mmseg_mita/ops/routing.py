@@ -45,7 +45,9 @@ def sort_by_expert(expert: Tensor, num_experts: int) -> ExpertOrder:
     offset = torch.arange(g, device=expert.device)[:, None] * num_experts
     group = (expert + offset).flatten()
     order = torch.argsort(group, stable=True)
-    counts = torch.bincount(group, minlength=g * num_experts)
+    # Not bincount: on CUDA it reads the largest id on the host (a sync).
+    counts = group.new_zeros(g * num_experts).index_add_(
+        0, group, torch.ones_like(group))
     return ExpertOrder(order, group, counts)
 
 

@@ -148,7 +148,7 @@ def test_layers_and_set_mita():
     (dict(pool_size=0), 'pool_size'),
     (dict(layers=[0, 3]), r'layers \[3\] are out of range'),
     (dict(layers=2), 'layers'),
-    (dict(backend='triton'), 'backend'),
+    (dict(backend='cuda'), 'backend'),
 ])
 def test_bad_mita_cfg(cfg, match):
     with pytest.raises(ValueError, match=match):

@@ -114,7 +114,7 @@ class MiTAViT(VisionTransformer):
       in :func:`mmseg_mita.ops.mita_attention`;
     - ``layers``: ``'all'`` or a list of layer indices to use MiTA in; the
       other layers keep full attention;
-    - ``backend``: ``'auto'``, ``'torch'`` or ``'flash'``.
+    - ``backend``: ``'auto'``, ``'torch'``, ``'flash'`` or ``'triton'``.
 
     ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
     the state dict has mmseg's ViT keys and its checkpoints load unchanged;
