@@ -29,5 +29,7 @@ setup(
     extras_require={
         'flash': ['flash-attn>=2.5'],
         'tests': ['pytest'],
+        # tools/export_onnx.py; both ship numpy<2-compatible wheels
+        'deploy': ['onnx>=1.16', 'onnxruntime>=1.18'],
     },
 )

@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .export_backend import mita_export
 from .flash_backend import flash_attn_available, mita_flash
 from .torch_backend import mita_torch, softmax_fp32
 
-BACKENDS = ('auto', 'torch', 'flash')
+BACKENDS = ('auto', 'torch', 'flash', 'export')
 
 IntPair = Union[int, Sequence[int]]
 
@@ -123,6 +124,15 @@ def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
                        topk_index)
 
 
+def _has_tensors(hw: IntPair) -> bool:
+    return not isinstance(hw, int) and any(isinstance(s, Tensor) for s in hw)
+
+
+def _values(hw: IntPair) -> IntPair:
+    """``hw`` with traced sizes (0-dim tensors) read as ints."""
+    return tuple(int(s) for s in hw) if _has_tensors(hw) else hw
+
+
 def resolve_backend(backend: str, q: Tensor) -> str:
     """Pick a backend: 'flash' for fp16/bf16 CUDA tensors when flash-attn is
     installed, 'torch' otherwise."""
@@ -158,17 +168,27 @@ def mita_attention(q: Tensor,
         pool_size: landmark grid (ph, pw) or an int; ``m = ph * pw``.
         topk: keys per routed expert; ``topk >= N`` means every key.
         backend: 'torch' (any device, any dtype), 'flash' (flash-attn on
-            CUDA, fp16/bf16) or 'auto'.
+            CUDA, fp16/bf16), 'auto', or 'export' (standard ONNX operators,
+            forward only, for export to ONNX: see ``export_backend``).
         dropout_p: dropout on the attention probabilities.
 
     Returns:
         Tensor of the shape of ``q``.
     """
-    hw, pool_size = check_mita_args(q, k, v, hw, num_extra_tokens, pool_size,
-                                    topk)
+    # Under ONNX export tracing, hw holds traced sizes: check their values,
+    # and let the export backend compute with the traced sizes.
+    traced_hw = hw if _has_tensors(hw) else None
+    hw, pool_size = check_mita_args(q, k, v, _values(hw), num_extra_tokens,
+                                    pool_size, topk)
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
     backend = resolve_backend(backend, q)
+    if backend == 'export':
+        if dropout_p > 0:
+            raise ValueError("backend='export' is inference only: use "
+                             'dropout_p=0 (call model.eval() before export)')
+        return mita_export(q, k, v, traced_hw or hw, num_extra_tokens,
+                           pool_size, topk)
     experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk)
     run = mita_flash if backend == 'flash' else mita_torch
     return run(q, k, v, experts, dropout_p)
