@@ -29,7 +29,7 @@ setup(
     extras_require={
         'flash': ['flash-attn>=2.5'],
         'tests': ['pytest'],
-        # tools/export_onnx.py; both ship numpy<2-compatible wheels
-        'deploy': ['onnx>=1.16', 'onnxruntime>=1.18'],
+        # tools/export_onnx.py (tested: onnx 1.23.2, onnxruntime 1.32.0, numpy 1.26)
+        'deploy': ['onnx>=1.23', 'onnxruntime>=1.32'],
     },
 )

@@ -16,11 +16,13 @@ input of that shape and prints the largest absolute logit difference from
 eager PyTorch (the model as built, before any export switch) and the
 fraction of pixels whose predicted class agrees; with ``--dynamic`` also at
 ``--check-shape`` (default H + 32, W + 64). Exit status 1 when a check
-misses the tolerance: ``max_abs_diff > --atol`` (default 1e-3) or
-``agreement < --min-agreement`` (default 0.999). MiTA routes each token by
-an argmax and picks keys by top-k: a token whose two best choices tie
-within float32 rounding may be routed differently by the two runtimes,
-which moves logits by more than rounding (docs/deploy.md, "Tolerances").
+misses the tolerance: ``agreement < --min-agreement`` (default 0.98) or
+``max_abs_diff > --atol`` (default 0.1). Float32 rounding alone gives
+about 1e-6; but MiTA routes each token by an argmax and picks keys by
+top-k, and a token whose two best choices tie within rounding may be routed
+differently by the two runtimes, which moves logits locally by up to a few
+1e-2 (measured); a wrong graph moves them by O(1) on many pixels. See
+docs/deploy.md, "Tolerances"; the tests are stricter (1e-4, every pixel).
 """
 import argparse
 import sys
@@ -45,10 +47,10 @@ def parse_args(argv=None):
         '--check-shape', type=int, nargs=2, metavar=('H', 'W'),
         help='with --dynamic, the second size the file is checked at '
         '(default: H + 32, W + 64)')
-    parser.add_argument('--atol', type=float, default=1e-3,
+    parser.add_argument('--atol', type=float, default=0.1,
                         help='largest accepted absolute logit difference')
     parser.add_argument(
-        '--min-agreement', type=float, default=0.999,
+        '--min-agreement', type=float, default=0.98,
         help='smallest accepted fraction of pixels of the same class')
     parser.add_argument('--opset', type=int, default=17)
     parser.add_argument(
@@ -60,6 +62,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if min(args.shape) < 1:
         parser.error('--shape takes positive H W')
+    if not 0 <= args.min_agreement <= 1 or args.atol < 0:
+        parser.error('--min-agreement must be in [0, 1] and --atol >= 0')
     if args.check_shape and not args.dynamic:
         parser.error('--check-shape checks a --dynamic export')
     if args.dynamic and args.check_shape is None:

@@ -14,12 +14,14 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 from mmseg.models.backbones import VisionTransformer
+from mmseg.models.utils.embed import AdaptivePadding
 from mmseg.registry import MODELS
 from torch import Tensor
 
@@ -107,6 +109,31 @@ def _resize_pos_embed_always(vit: VisionTransformer) -> None:
     vit._pos_embeding = pos_embeding
 
 
+def _pad_traceably(padding: AdaptivePadding) -> None:
+    """Make mmseg's ``AdaptivePadding`` compute its padding with tensor
+    arithmetic: it reads the input size with ``math.ceil`` and decides in
+    Python whether to pad, which a trace freezes at the export size."""
+    if padding.padding != 'corner':
+        raise ValueError('dynamic export supports patch padding "corner" '
+                         f'(mmseg\'s default), got {padding.padding!r}')
+
+    def pad_size(size, kernel, stride, dilation):
+        # ceil(size / stride) as -floor(-size / stride), then mmcv's formula
+        steps = -torch.div(-size, stride, rounding_mode='floor')
+        return torch.clamp((steps - 1) * stride + (kernel - 1) * dilation +
+                           1 - size, min=0)
+
+    def forward(x):
+        size = torch._shape_as_tensor(x)[-2:]
+        pads = [
+            pad_size(size[i], padding.kernel_size[i], padding.stride[i],
+                     padding.dilation[i]) for i in (0, 1)
+        ]
+        return F.pad(x, [0, pads[1], 0, pads[0]])
+
+    padding.forward = forward
+
+
 def prepare_for_export(model: nn.Module, dynamic: bool = False) -> None:
     """Switch ``model`` in place to computations with an ONNX form:
 
@@ -116,7 +143,9 @@ def prepare_for_export(model: nn.Module, dynamic: bool = False) -> None:
       pyramid pooling) -> :class:`FixedAdaptiveAvgPool2d`, valid for sizes
       the pooling size does not divide;
     * ``dynamic``: mmseg ViTs resize their position embedding on every
-      call (see :func:`_resize_pos_embed_always`).
+      call (:func:`_resize_pos_embed_always`) and patch embeddings pad
+      inputs to a multiple of the patch size in the graph
+      (:func:`_pad_traceably`).
 
     The results equal the eager model's up to float rounding.
     """
@@ -125,6 +154,8 @@ def prepare_for_export(model: nn.Module, dynamic: bool = False) -> None:
             module.set_mita({**module.mita_cfg, 'backend': 'export'})
         if dynamic and isinstance(module, VisionTransformer):
             _resize_pos_embed_always(module)
+        if dynamic and isinstance(module, AdaptivePadding):
+            _pad_traceably(module)
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.AdaptiveAvgPool2d:

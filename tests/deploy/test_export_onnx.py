@@ -13,6 +13,8 @@ import onnx  # noqa: E402
 from mmseg_mita.deploy import (build_segmentor, export_onnx,  # noqa: E402
                                prepare_for_export, run_onnxruntime,
                                torch_logits)
+from mmseg_mita.models import CBTHead  # noqa: E402
+from mmseg_mita.ops.fixed_pooling import FixedAdaptiveAvgPool2d  # noqa: E402
 from helpers import ROOT  # noqa: E402
 
 DEMO = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
@@ -74,9 +76,10 @@ def test_demo_upernet_matches_pytorch(config, demo_exports):
 
 def test_dynamic_export_runs_at_other_sizes(tmp_path):
     # 96 x 96 -> a 12 x 12 grid (4 x 4 landmarks divide it); 104 x 136 ->
-    # 13 x 17, which they do not.
+    # 13 x 17, which they do not; 100 x 90 is no multiple of the patch
+    # size 8 (padded to 104 x 96 inside the graph).
     results = _export(DEMO, (96, 96), tmp_path / 'dyn.onnx', dynamic=True,
-                      check_shapes=[(104, 136), (64, 72)])
+                      check_shapes=[(104, 136), (100, 90)])
     for ref, got in results:
         _assert_same(ref, got, num_classes=5)
 
@@ -104,6 +107,25 @@ def test_mita_export_has_no_token_by_token_tensor(demo_exports):
     # [.., N, N] scores; MiTA's largest tensors are [G * N, k, d].
     assert _tensors_with_square_token_dims(demo_exports[DEMO_FULL][0], 145)
     assert _tensors_with_square_token_dims(demo_exports[DEMO][0], 145) == []
+
+
+@pytest.mark.parametrize('hw', [(5, 7), (4, 6), (10, 10)])
+def test_prepared_cbt_head_keeps_its_outputs(hw):
+    # CBT's 10 x 10 representatives from grids they do not divide (or
+    # exceed): the exportable pooling gives the eager head's logits.
+    torch.manual_seed(0)
+    head = CBTHead(in_channels=24, num_classes=5, num_heads=2, head_dims=8,
+                   pool_size=10).double().eval()
+    head.init_weights()
+    feats = torch.randn(2, 24, *hw, dtype=torch.float64)
+    with torch.no_grad():
+        eager = head([feats])
+        prepare_for_export(head)
+        assert all(
+            type(layer.attn.pool) is FixedAdaptiveAvgPool2d
+            for layer in head.layers)
+        torch.testing.assert_close(head([feats]), eager, rtol=1e-12,
+                                   atol=1e-12)
 
 
 def test_export_from_checkpoint(tmp_path):
