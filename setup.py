@@ -29,7 +29,8 @@ setup(
     extras_require={
         'flash': ['flash-attn>=2.5'],
         'tests': ['pytest'],
-        # tools/export_onnx.py (tested: onnx 1.23.2, onnxruntime 1.32.0, numpy 1.26)
+        # tools/export_onnx.py; tested with onnx 1.23.2, onnxruntime
+        # 1.32.0 and numpy 1.26
         'deploy': ['onnx>=1.23', 'onnxruntime>=1.32'],
     },
 )

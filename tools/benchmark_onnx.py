@@ -77,7 +77,8 @@ def _runners(config: str, size, threads: int, folder: str):
     session = ort.InferenceSession(path, options,
                                    providers=['CPUExecutionProvider'])
     wrapper = SegmentorLogits(model).eval()
-    image = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    image = torch.randn(1, 3, *size, generator=gen)
     feed = {'inputs': image.numpy()}
 
     def run_torch():

@@ -25,6 +25,7 @@ differently by the two runtimes, which moves logits locally by up to a few
 docs/deploy.md, "Tolerances"; the tests are stricter (1e-4, every pixel).
 """
 import argparse
+import importlib.util
 import sys
 
 import torch
@@ -75,6 +76,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    missing = [
+        name for name in ('onnx', 'onnxruntime')
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        sys.exit(f'export_onnx: {" and ".join(missing)} not installed: '
+                 'pip install -e .[deploy]')
     from mmseg_mita.deploy import (build_segmentor, compare_logits,
                                    export_onnx, prepare_for_export,
                                    run_onnxruntime, torch_logits)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip('onnx', reason='the deploy extra: pip install -e .[deploy]')
-pytest.importorskip('onnxruntime',
-                    reason='the deploy extra: pip install -e .[deploy]')
+MISSING = 'the deploy extra is not installed: pip install -e .[deploy]'
+pytest.importorskip('onnx', reason=MISSING)
+pytest.importorskip('onnxruntime', reason=MISSING)
 import onnx  # noqa: E402
 
 from mmseg_mita.deploy import (build_segmentor, export_onnx,  # noqa: E402
