@@ -109,7 +109,9 @@ class MiTAViT(VisionTransformer):
     - ``topk`` (int): keys per routed expert;
     - ``layers``: ``'all'`` or a list of layer indices to use MiTA in; the
       other layers keep full attention;
-    - ``backend``: ``'auto'``, ``'torch'`` or ``'flash'``.
+    - ``backend``: ``'auto'``, ``'torch'``, ``'flash'`` or ``'export'``
+      (standard ONNX operators, inference only: set by
+      ``mmseg_mita.deploy.prepare_for_export``, see docs/deploy.md).
 
     ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
     the state dict has mmseg's ViT keys and its checkpoints load unchanged;
