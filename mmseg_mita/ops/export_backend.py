@@ -22,7 +22,7 @@ depends on the data:
 No ``N x N`` tensor: everything is linear in ``N`` (slots: at most
 ``N + m * BLOCK`` per group). Per-query copies of the expert's keys
 (``[G * N, k, d]``) would also be linear, but ONNX Runtime ran this layout
-about 1.6x faster at N = 1025 (docs/deploy.md).
+about 1.5x faster at N = 1025 (docs/deploy.md).
 """
 from typing import Sequence, Tuple, Union
 
