@@ -29,5 +29,8 @@ setup(
     extras_require={
         'flash': ['flash-attn>=2.5'],
         'tests': ['pytest', 'triton'],
+        # tools/export_onnx.py; tested with onnx 1.23.2, onnxruntime
+        # 1.32.0 and numpy 1.26
+        'deploy': ['onnx>=1.23', 'onnxruntime>=1.32'],
     },
 )

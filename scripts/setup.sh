@@ -75,7 +75,7 @@ if ! "$VENV/bin/python" -c 'import mmcv, mmcv.ops; assert mmcv.__version__ == "2
         --no-build-isolation -c "$CONSTRAINTS" mmcv==2.1.0
 fi
 step "installing mmseg_mita (editable) with mmsegmentation 1.2.2" \
-    "${PIP[@]}" install --no-build-isolation -c "$CONSTRAINTS" -e ".[tests]"
+    "${PIP[@]}" install --no-build-isolation -c "$CONSTRAINTS" -e ".[tests,deploy]"
 stack_ready || {
     "$VENV/bin/python" -c 'import mmcv, mmcv.ops, mmseg.models, mmseg_mita' >>"$LOG" 2>&1
     fail "the installed stack does not import"

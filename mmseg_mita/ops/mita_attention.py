@@ -35,10 +35,11 @@ from torch import Tensor
 
 from mmseg_mita.utils import IntPair, check_choice, check_int, check_int_pair
 from .experts import LANDMARKS, Backend, compute_experts
+from .export_backend import mita_export
 from .flash_backend import flash_attn_available, mita_flash
 from .torch_backend import mita_torch
 
-BACKENDS = ('auto', 'torch', 'flash', 'triton')
+BACKENDS = ('auto', 'torch', 'flash', 'triton', 'export')
 
 _BACKEND_FUNCTIONS: Dict[str, Backend] = dict(torch=mita_torch,
                                               flash=mita_flash)
@@ -117,6 +118,15 @@ def check_variant_args(experts_per_query: int, shared_expert: bool,
             f"{num_extra_tokens}; use landmarks='patches'")
 
 
+def _has_tensors(hw: IntPair) -> bool:
+    return not isinstance(hw, int) and any(isinstance(s, Tensor) for s in hw)
+
+
+def _values(hw: IntPair) -> IntPair:
+    """``hw`` with traced sizes (0-dim tensors) read as ints."""
+    return tuple(int(s) for s in hw) if _has_tensors(hw) else hw
+
+
 def resolve_backend(backend: str, q: Tensor,
                     experts_per_query: int = 1) -> str:
     """Pick a backend: 'flash' for fp16/bf16 CUDA tensors when flash-attn is
@@ -183,7 +193,9 @@ def mita_attention(q: Tensor,
             (flash-attn on CUDA, fp16/bf16, ``experts_per_query=1``),
             'triton' (Triton kernels on CUDA, or on CPU under
             ``TRITON_INTERPRET=1``; float32/fp16/bf16, head_dim <= 128, the
-            default variant, no dropout) or 'auto' (flash where it applies,
+            default variant, no dropout), 'export' (standard ONNX operators,
+            forward only, the default variant: see ``export_backend``) or
+            'auto' (flash where it applies,
             else torch; never 'triton' until a GPU run of
             ``tools/gpu_check.sh`` has validated it).
         dropout_p: dropout on the attention probabilities.
@@ -191,14 +203,29 @@ def mita_attention(q: Tensor,
     Returns:
         Tensor of the shape of ``q``.
     """
-    hw, pool_size = check_mita_args(q, k, v, hw, num_extra_tokens, pool_size,
-                                    topk)
+    # Under ONNX export tracing, hw holds traced sizes: check their values,
+    # and let the export backend compute with the traced sizes.
+    traced_hw = hw if _has_tensors(hw) else None
+    hw, pool_size = check_mita_args(q, k, v, _values(hw), num_extra_tokens,
+                                    pool_size, topk)
     check_variant_args(experts_per_query, shared_expert, routed_experts,
                        landmarks, num_extra_tokens,
                        pool_size[0] * pool_size[1])
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
     backend = resolve_backend(backend, q, experts_per_query)
+    if backend == 'export':
+        if dropout_p > 0:
+            raise ValueError("backend='export' is inference only: use "
+                             'dropout_p=0 (call model.eval() before export)')
+        if (experts_per_query, shared_expert, routed_experts,
+                landmarks) != (1, True, True, 'patches'):
+            raise ValueError(
+                "backend='export' computes the default variant only "
+                "(experts_per_query=1, shared_expert=True, "
+                "routed_experts=True, landmarks='patches')")
+        return mita_export(q, k, v, traced_hw or hw, num_extra_tokens,
+                           pool_size, topk)
     if backend == 'triton':  # optional dependency: imported on use
         from .triton_backend import mita_triton as run
     else:

@@ -114,7 +114,9 @@ class MiTAViT(VisionTransformer):
       in :func:`mmseg_mita.ops.mita_attention`;
     - ``layers``: ``'all'`` or a list of layer indices to use MiTA in; the
       other layers keep full attention;
-    - ``backend``: ``'auto'``, ``'torch'``, ``'flash'`` or ``'triton'``.
+    - ``backend``: ``'auto'``, ``'torch'``, ``'flash'``, ``'triton'`` or
+      ``'export'`` (standard ONNX operators, inference only: set by
+      ``mmseg_mita.deploy.prepare_for_export``, see docs/deploy.md).
 
     ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
     the state dict has mmseg's ViT keys and its checkpoints load unchanged;

@@ -40,6 +40,9 @@ class ContractBroadcastAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dims = head_dims
         self.pool_size = pool_size
+        # A module (no parameters), so that export can swap in a pooling
+        # with an ONNX form for any grid (mmseg_mita.deploy).
+        self.pool = nn.AdaptiveAvgPool2d(pool_size)
         self.proj = nn.Linear(embed_dims, num_heads * head_dims, bias=False)
         self.contract_step = nn.Parameter(torch.full((num_heads, ), step_init))
         self.broadcast_step = nn.Parameter(
@@ -51,8 +54,7 @@ class ContractBroadcastAttention(nn.Module):
         heads, d = self.num_heads, self.head_dims
         z = self.proj(x).view(b, t, heads, d).transpose(1, 2)  # [B, h, T, d]
         patches = z[:, :, :hw[0] * hw[1]].transpose(2, 3)
-        reps = F.adaptive_avg_pool2d(
-            patches.reshape(b * heads, d, *hw), self.pool_size)
+        reps = self.pool(patches.reshape(b * heads, d, *hw))
         reps = reps.view(b, heads, d, -1).transpose(2, 3)  # [B, h, P, d]
         scale = d**-0.5
         contract = torch.softmax(reps @ z.transpose(2, 3) * scale, dim=-1)
