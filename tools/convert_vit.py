@@ -1,16 +1,17 @@
-"""Convert a full-attention ViT checkpoint for mmseg's VisionTransformer and
-MiTAViT.
+"""Convert a ViT checkpoint (full attention, or the authors' MiTA-DeiT) for
+mmseg's VisionTransformer and MiTAViT.
 
     python tools/convert_vit.py SRC DST [--format auto] [--num-heads N]
                                 [--force]
 
 SRC: a timm state dict (.pth/.bin/.safetensors), a DeiT checkpoint
-(``{'model': ...}``; also the authors' MiTA-DeiT with its depth-wise value
-conv ``attn.dwc`` and gate ``attn.qkvg``), a Google AugReg / big_vision ``.npz``, an
-mmpretrain/mmcls checkpoint (``backbone.`` keys) or an mmseg checkpoint (its
-backbone is extracted). The format is told from the content, never from the
-file name. DST gets ``{'state_dict', 'meta'}`` with mmseg's key names,
-written atomically; an existing DST is kept unless ``--force``.
+(``{'model': ...}``; also the authors' MiTA-DeiT, with or without their
+depth-wise value conv ``attn.dwc`` and gate ``attn.qkvg``), a Google AugReg
+/ big_vision ``.npz``, an mmpretrain/mmcls checkpoint (``backbone.`` keys) or
+an mmseg checkpoint (its backbone is extracted). The format is told from
+the content, never from the file name. DST gets ``{'state_dict', 'meta'}``
+with mmseg's key names, written atomically; an existing DST is kept unless
+``--force``.
 
 The backbone settings the weights imply are printed as a config snippet:
 use them (``patch_bias``, ``final_norm``, ``with_cls_token``, ``dwc``,

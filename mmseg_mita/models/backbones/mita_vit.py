@@ -60,8 +60,9 @@ class MiTAMultiheadAttention(MultiheadAttention):
         if self.mita is None and not has_value_branch:
             return super().forward(query, identity=identity, **kwargs)
         if kwargs:
-            raise ValueError('MiTA attention is self-attention without masks '
-                             f'or positional inputs; got {sorted(kwargs)}')
+            raise ValueError('MiTA attention (and the dwc / gate branch) is '
+                             'self-attention without masks or positional '
+                             f'inputs; got {sorted(kwargs)}')
         x = query if self.batch_first else query.transpose(0, 1)
         b, n, c = x.shape
         mha = self.attn
@@ -135,7 +136,7 @@ class MiTAViT(VisionTransformer):
     - ``dwc``, ``gate``: as the arguments below (``True`` there is the same
       as ``True`` here; ``False`` asks for nothing).
 
-    ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
+    ``mita_cfg=None`` (without dwc, gate) is exactly mmseg's ViT. MiTA adds no parameters, so
     the state dict has mmseg's ViT keys and its checkpoints load unchanged;
     :meth:`set_mita` changes m, k or the layers at any time (e.g. for
     inference).

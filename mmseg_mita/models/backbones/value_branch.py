@@ -43,6 +43,11 @@ class DepthwiseValueConv(nn.Conv2d):
     def forward(self, patch_values: Tensor, hw_shape) -> Tensor:
         """``patch_values`` [B, heads, H * W, d] -> [B, H * W, heads * d]."""
         b, heads, hw, d = patch_values.shape
+        if hw_shape is None or hw_shape[0] * hw_shape[1] != hw:
+            raise ValueError(
+                f'the depth-wise value conv needs the patch grid (hw_shape) '
+                f'of the {hw} patch tokens, got {hw_shape}; MiTAViT records '
+                "it in each layer's attention from its patch embedding")
         grid = patch_values.transpose(2, 3).reshape(b, heads * d, *hw_shape)
         return super().forward(grid).flatten(2).transpose(1, 2)
 
