@@ -136,10 +136,10 @@ class MiTAViT(VisionTransformer):
     - ``dwc``, ``gate``: as the arguments below (``True`` there is the same
       as ``True`` here; ``False`` asks for nothing).
 
-    ``mita_cfg=None`` (without dwc, gate) is exactly mmseg's ViT. MiTA adds no parameters, so
-    the state dict has mmseg's ViT keys and its checkpoints load unchanged;
-    :meth:`set_mita` changes m, k or the layers at any time (e.g. for
-    inference).
+    ``mita_cfg=None`` (without dwc, gate) is exactly mmseg's ViT. MiTA adds
+    no parameters, so the state dict has mmseg's ViT keys and its
+    checkpoints load unchanged; :meth:`set_mita` changes m, k or the layers
+    at any time (e.g. for inference).
 
     ``dwc=True`` / ``gate=True`` add the authors' MiTA-DeiT depth-wise value
     convolution / output gate to EVERY layer (as their code does; MiTA or
