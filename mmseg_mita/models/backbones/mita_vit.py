@@ -76,10 +76,8 @@ class MiTAMultiheadAttention(MultiheadAttention):
             out = mita_attention(
                 q, k, v, self.hw_shape,
                 num_extra_tokens=self.num_extra_tokens,
-                pool_size=self.mita['pool_size'],
-                topk=self.mita['topk'],
-                backend=self.mita['backend'],
-                dropout_p=dropout_p)
+                dropout_p=dropout_p,
+                **self.mita)
         out = out.transpose(1, 2).reshape(b, n, c)
         if has_value_branch:
             out = add_value_branch(out, x, v, self.hw_shape,
@@ -154,9 +152,10 @@ class MiTAViT(VisionTransformer):
     def __init__(self, *args, mita_cfg: Optional[dict] = MITA_DEFAULTS,
                  dwc: bool = False, gate: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        cfg = parse_mita_cfg(mita_cfg, len(self.layers)) or {}
-        self.dwc = check_flag(dwc, 'dwc') or cfg.get('dwc', False)
-        self.gate = check_flag(gate, 'gate') or cfg.get('gate', False)
+        # mita_cfg's flags are checked by set_mita below
+        asked = mita_cfg if isinstance(mita_cfg, dict) else {}
+        self.dwc = check_flag(dwc, 'dwc') or asked.get('dwc') is True
+        self.gate = check_flag(gate, 'gate') or asked.get('gate') is True
         num_extra_tokens = 1 if self.with_cls_token else 0
         for layer in self.layers:
             layer.attn = MiTAMultiheadAttention(layer.attn, num_extra_tokens,
