@@ -1,24 +1,28 @@
-"""Convert a full-attention ViT checkpoint for mmseg's VisionTransformer and
-MiTAViT.
+"""Convert a ViT checkpoint (full attention, or the authors' MiTA-DeiT) for
+mmseg's VisionTransformer and MiTAViT.
 
     python tools/convert_vit.py SRC DST [--format auto] [--num-heads N]
                                 [--force]
 
 SRC: a timm state dict (.pth/.bin/.safetensors), a DeiT checkpoint
-(``{'model': ...}``), a Google AugReg / big_vision ``.npz``, an
-mmpretrain/mmcls checkpoint (``backbone.`` keys) or an mmseg checkpoint (its
-backbone is extracted). The format is told from the content, never from the
-file name. DST gets ``{'state_dict', 'meta'}`` with mmseg's key names,
-written atomically; an existing DST is kept unless ``--force``.
+(``{'model': ...}``; also the authors' MiTA-DeiT, with or without their
+depth-wise value conv ``attn.dwc`` and gate ``attn.qkvg``), a Google AugReg
+/ big_vision ``.npz``, an mmpretrain/mmcls checkpoint (``backbone.`` keys) or
+an mmseg checkpoint (its backbone is extracted). The format is told from
+the content, never from the file name. DST gets ``{'state_dict', 'meta'}``
+with mmseg's key names, written atomically; an existing DST is kept unless
+``--force``.
 
 The backbone settings the weights imply are printed as a config snippet:
-use them (``patch_bias``, ``final_norm``, ``with_cls_token``...) or the
-weights do not all load.
+use them (``patch_bias``, ``final_norm``, ``with_cls_token``, ``dwc``,
+``gate``...) or the weights do not all load. What the weights tell about
+the MiTA settings (and what they cannot tell) follows.
 """
 import argparse
 import sys
 
 from mmseg_mita.converters import FORMATS, convert_file, write_checkpoint
+from mmseg_mita.converters.mita_deit import mita_settings_notes
 
 
 def _literal(value):
@@ -69,6 +73,10 @@ def main(argv=None):
         for key, value in backbone.items()) + '    ))')
     if settings.num_heads is None:
         print('num_heads: ' + settings.heads_source)
+    print('MiTA settings (model.backbone.mita_cfg):')
+    for note in mita_settings_notes(conversion.format, settings.dwc,
+                                    settings.gate):
+        print(f'  - {note}')
 
 
 if __name__ == '__main__':

@@ -8,6 +8,8 @@ from torch import Tensor
 from mmseg_mita.utils import write_atomic
 from .augreg import npz_prefix, npz_to_timm
 from .loading import NpzWeights, read_checkpoint
+from .mita_deit import (GATE_FINGERPRINT, VALUE_BRANCH_KEYS,
+                        split_value_branch, training_args_note)
 from .mmpretrain import MMPRETRAIN_FINGERPRINT, mmpretrain_to_timm
 from .settings import BackboneSettings, infer_settings
 from .timm_vit import (BLOCK_KEYS, BLOCK_RE, TIMM_FINGERPRINT, TOP_KEYS,
@@ -15,15 +17,16 @@ from .timm_vit import (BLOCK_KEYS, BLOCK_RE, TIMM_FINGERPRINT, TOP_KEYS,
 
 FORMATS = ('timm', 'deit', 'augreg', 'mmpretrain', 'mmseg')
 MMSEG_FINGERPRINT = 'layers.0.attn.attn.in_proj_weight'
-FINGERPRINTS = {  # key naming -> a key that every such ViT has
-    'timm': TIMM_FINGERPRINT,
-    'mmpretrain': MMPRETRAIN_FINGERPRINT,
-    'mmseg': MMSEG_FINGERPRINT,
+FINGERPRINTS = {  # key naming -> keys of which every such ViT has one
+    'timm': (TIMM_FINGERPRINT, GATE_FINGERPRINT),
+    'mmpretrain': (MMPRETRAIN_FINGERPRINT, ),
+    'mmseg': (MMSEG_FINGERPRINT, ),
 }
 EXPECTED = {
     'timm': f'a timm state dict (keys like {TIMM_FINGERPRINT!r}), plain or '
     "under 'state_dict' (.pth/.bin/.safetensors)",
-    'deit': "a DeiT checkpoint {'model': timm state dict}",
+    'deit': "a DeiT checkpoint {'model': timm state dict} (also the "
+    "authors' MiTA-DeiT, with 'attn.dwc' / 'attn.qkvg' keys)",
     'augreg': 'a NumPy .npz of AugReg/big_vision weights '
     "('embedding/kernel', 'Transformer/encoderblock_0/...')",
     'mmpretrain': "an mmpretrain/mmcls checkpoint {'state_dict': "
@@ -32,7 +35,7 @@ EXPECTED = {
     f"{{'backbone.{MMSEG_FINGERPRINT}': ...}}}} or its backbone",
 }
 MMSEG_TOP = set(TOP_KEYS.values())
-MMSEG_LAYER = set(BLOCK_KEYS.values())
+MMSEG_LAYER = set(BLOCK_KEYS.values()) | set(VALUE_BRANCH_KEYS)
 
 
 class Detected(NamedTuple):
@@ -79,8 +82,8 @@ def detect_format(obj: Any) -> Detected:
         if not isinstance(sd, dict):
             continue
         backbone, others = _split_backbone(sd)
-        for naming, key in FINGERPRINTS.items():
-            if key in backbone:
+        for naming, keys in FINGERPRINTS.items():
+            if any(key in backbone for key in keys):
                 fmt = 'deit' if naming == 'timm' and container == 'model' \
                     else naming
                 where = 'top level' if container is None else \
@@ -153,8 +156,11 @@ def convert(obj: Any, fmt: str = 'auto',
             timm_sd = mmpretrain_to_timm(found.weights)
         else:
             timm_sd = found.weights
-        sd, with_cls, timm_notes = timm_to_mmseg(timm_sd)
-        notes += timm_notes
+            notes += training_args_note(obj)
+        branch = split_value_branch(timm_sd)
+        sd, with_cls, timm_notes = timm_to_mmseg(branch.timm_state_dict)
+        sd.update(branch.extra)
+        notes += branch.notes + timm_notes
     settings = infer_settings(sd, with_cls, heads_in_weights, num_heads)
     return Conversion(sd, settings, found.format, notes)
 

@@ -6,7 +6,8 @@
   returned as a flat ``{name: Tensor}`` dict;
 * anything else is handed to ``torch.load(weights_only=True)`` (``.pth``,
   ``.bin``, ``.pt``; mmengine checkpoints load through
-  :mod:`mmseg_mita.compat`).
+  :mod:`mmseg_mita.compat`; DeiT training checkpoints hold their
+  ``argparse.Namespace`` of arguments, allowed too).
 
 Zip archives (``.npz`` and torch's format) are checked first: ``torch.load``
 does not verify the CRC-32 of its members, so a flipped bit would otherwise
@@ -17,6 +18,7 @@ import os
 import struct
 import zipfile
 import zlib
+from argparse import Namespace
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -116,7 +118,8 @@ def read_checkpoint(path: str) -> Any:
     if _safetensors_header(path) is not None:
         return read_safetensors(path)
     try:
-        return torch.load(path, map_location='cpu', weights_only=True)
+        with torch.serialization.safe_globals([Namespace]):
+            return torch.load(path, map_location='cpu', weights_only=True)
     except Exception as err:  # torch raises many types for foreign files
         raise ValueError(
             f'{path} is not a checkpoint this converter reads: expected a '

@@ -32,6 +32,8 @@ class BackboneSettings:
     pre_norm: bool
     patch_bias: bool
     qkv_bias: bool
+    dwc: bool = False  # MiTAViT only: the authors' depth-wise value conv
+    gate: bool = False  # MiTAViT only: the authors' output gate
 
     def backbone_cfg(self) -> Dict:
         """Config entries for ``model.backbone`` (LN eps 1e-6 as in timm,
@@ -53,6 +55,9 @@ class BackboneSettings:
             norm_cfg=dict(type='LN', eps=1e-6))
         if self.num_heads is None:
             del cfg['num_heads']
+        for flag in ('dwc', 'gate'):  # MiTAViT's, so only when needed
+            if getattr(self, flag):
+                cfg[flag] = True
         return cfg
 
     def describe(self) -> List[str]:
@@ -74,6 +79,10 @@ class BackboneSettings:
             f'pre_norm:       {self.pre_norm}',
             f'patch_bias:     {self.patch_bias}',
             f'qkv_bias:       {self.qkv_bias}',
+            f'dwc:            {self.dwc} (depth-wise value conv, '
+            'layers.*.attn.dwc)',
+            f'gate:           {self.gate} (SiLU output gate, '
+            'layers.*.attn.gate_proj)',
         ]
 
 
@@ -87,6 +96,31 @@ def _layer_count(sd: Dict[str, Tensor]) -> int:
     if missing:
         raise ValueError(f'weights are incomplete: missing {missing[:6]}')
     return len(indices)
+
+
+def _value_branch(sd: Dict[str, Tensor], num_layers: int, name: str,
+                  weight_shape: Tuple[int, ...]) -> bool:
+    """Whether every layer has ``attn.{name}`` (of the right shapes) or
+    none has; ValueError otherwise."""
+    have = [i for i in range(num_layers)
+            if f'layers.{i}.attn.{name}.weight' in sd]
+    if not have:
+        return False
+    if len(have) != num_layers:
+        raise ValueError(
+            f'attn.{name} weights are in layers {have} only: MiTAViT has '
+            f'them in every layer (of {num_layers}) or in none')
+    for i in have:
+        for kind, shape in (('weight', weight_shape),
+                            ('bias', weight_shape[:1])):
+            key = f'layers.{i}.attn.{name}.{kind}'
+            if key not in sd or tuple(sd[key].shape) != shape:
+                found = tuple(sd[key].shape) if key in sd else 'missing'
+                raise ValueError(
+                    f'{key} is {found}; MiTAViT\'s attn.{name} needs '
+                    f'{kind} {shape}' + (' (a 3 x 3 depth-wise kernel)'
+                                         if name == 'dwc' else ''))
+    return True
 
 
 def resolve_heads(embed_dims: int, from_weights: Optional[int],
@@ -152,4 +186,6 @@ def infer_settings(sd: Dict[str, Tensor], with_cls_token: bool,
         final_norm='ln1.weight' in sd,
         pre_norm='ln_pre.weight' in sd,
         patch_bias='patch_embed.projection.bias' in sd,
-        qkv_bias='layers.0.attn.attn.in_proj_bias' in sd)
+        qkv_bias='layers.0.attn.attn.in_proj_bias' in sd,
+        dwc=_value_branch(sd, num_layers, 'dwc', (dims, 1, 3, 3)),
+        gate=_value_branch(sd, num_layers, 'gate_proj', (dims, dims)))

@@ -1,4 +1,5 @@
 """MiTA-ViT: mmseg's VisionTransformer with MiTA attention in chosen layers."""
+import warnings
 from typing import Optional, Sequence, Tuple
 
 import torch.nn.functional as F
@@ -9,14 +10,24 @@ from mmseg.registry import MODELS
 
 from mmseg_mita.ops import BACKENDS, check_variant_args, mita_attention
 from mmseg_mita.utils import check_choice, check_int, check_int_pair
-from .state_dict_check import check_state_dict_fits
+from .state_dict_check import check_state_dict_fits, describe_keys
+from .value_branch import (VALUE_BRANCH_KEY, DepthwiseValueConv,
+                           GateProjection, add_value_branch)
 
 # The keys of mita_cfg that go to mita_attention as they are.
 OPERATOR_KEYS = ('pool_size', 'topk', 'experts_per_query', 'shared_expert',
                  'routed_experts', 'landmarks', 'backend')
 MITA_DEFAULTS = dict(pool_size=7, topk=49, experts_per_query=1,
                      shared_expert=True, routed_experts=True,
-                     landmarks='patches', layers='all', backend='auto')
+                     landmarks='patches', layers='all', backend='auto',
+                     dwc=False, gate=False)
+
+
+def check_flag(value, name: str) -> bool:
+    """A bool (not 0 or 1)."""
+    if not isinstance(value, bool):
+        raise ValueError(f'{name} must be True or False, got {value!r}')
+    return value
 
 
 class MiTAMultiheadAttention(MultiheadAttention):
@@ -25,10 +36,15 @@ class MiTAMultiheadAttention(MultiheadAttention):
     It owns the very same submodules (``attn.in_proj_*``, ``attn.out_proj``)
     as the module it replaces, so state-dict keys are unchanged. With
     ``mita=None`` it is plain full attention again.
+
+    ``dwc`` / ``gate`` add the authors' depth-wise value convolution
+    (``attn.dwc``) and output gate (``attn.gate_proj``), with MiTA or full
+    attention (see :mod:`.value_branch`).
     """
 
     def __init__(self, full: MultiheadAttention, num_extra_tokens: int,
-                 mita: Optional[dict]):
+                 mita: Optional[dict], dwc: bool = False,
+                 gate: bool = False):
         # Adopt ``full``'s modules instead of running mmcv's constructor,
         # which would build (and drop) a new nn.MultiheadAttention per layer.
         BaseModule.__init__(self, full.init_cfg)
@@ -41,25 +57,38 @@ class MiTAMultiheadAttention(MultiheadAttention):
         self.num_extra_tokens = num_extra_tokens
         self.mita = mita
         self.hw_shape: Optional[Tuple[int, int]] = None
+        self.dwc = DepthwiseValueConv(self.embed_dims) if dwc else None
+        self.gate_proj = GateProjection(self.embed_dims) if gate else None
 
     def forward(self, query, identity=None, **kwargs):
-        if self.mita is None:
+        has_value_branch = self.dwc is not None or self.gate_proj is not None
+        if self.mita is None and not has_value_branch:
             return super().forward(query, identity=identity, **kwargs)
         if kwargs:
-            raise ValueError('MiTA attention is self-attention without masks '
-                             f'or positional inputs; got {sorted(kwargs)}')
+            raise ValueError('MiTA attention (and the dwc / gate branch) is '
+                             'self-attention without masks or positional '
+                             f'inputs; got {sorted(kwargs)}')
         x = query if self.batch_first else query.transpose(0, 1)
         b, n, c = x.shape
         mha = self.attn
         qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
         q, k, v = qkv.view(b, n, 3, self.num_heads,
                            c // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = mita_attention(
-            q, k, v, self.hw_shape,
-            num_extra_tokens=self.num_extra_tokens,
-            dropout_p=mha.dropout if self.training else 0.0,
-            **self.mita)
-        out = mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
+        dropout_p = mha.dropout if self.training else 0.0
+        if self.mita is None:  # full attention with the value branch
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        else:
+            out = mita_attention(
+                q, k, v, self.hw_shape,
+                num_extra_tokens=self.num_extra_tokens,
+                dropout_p=dropout_p,
+                **self.mita)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        if has_value_branch:
+            out = add_value_branch(out, x, v, self.hw_shape,
+                                   self.num_extra_tokens, self.dwc,
+                                   self.gate_proj)
+        out = mha.out_proj(out)
         if not self.batch_first:
             out = out.transpose(0, 1)
         identity = query if identity is None else identity
@@ -84,6 +113,8 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
                        cfg['pool_size'][0] * cfg['pool_size'][1],
                        prefix='mita_cfg.')
     check_choice(cfg['backend'], 'mita_cfg.backend', BACKENDS)
+    check_flag(cfg['dwc'], 'mita_cfg.dwc')
+    check_flag(cfg['gate'], 'mita_cfg.gate')
     layers = cfg['layers']
     if layers == 'all':
         layers = list(range(num_layers))
@@ -117,28 +148,53 @@ class MiTAViT(VisionTransformer):
     - ``backend``: ``'auto'``, ``'torch'``, ``'flash'``, ``'triton'`` or
       ``'export'`` (standard ONNX operators, inference only: set by
       ``mmseg_mita.deploy.prepare_for_export``, see docs/deploy.md).
+    - ``dwc``, ``gate``: as the arguments below (``True`` there is the same
+      as ``True`` here; ``False`` asks for nothing).
 
-    ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
-    the state dict has mmseg's ViT keys and its checkpoints load unchanged;
-    :meth:`set_mita` changes m, k or the layers at any time (e.g. for
-    inference).
+    ``mita_cfg=None`` (without dwc, gate) is exactly mmseg's ViT. MiTA adds
+    no parameters, so the state dict has mmseg's ViT keys and its
+    checkpoints load unchanged; :meth:`set_mita` changes m, k or the layers
+    at any time (e.g. for inference).
+
+    ``dwc=True`` / ``gate=True`` add the authors' MiTA-DeiT depth-wise value
+    convolution / output gate to EVERY layer (as their code does; MiTA or
+    full attention alike; :mod:`.value_branch`), with keys
+    ``layers.{i}.attn.dwc.*`` / ``layers.{i}.attn.gate_proj.*`` beside the
+    unchanged ViT keys. They are part of the model's structure, fixed when
+    it is built. A checkpoint without them loads with a warning that lists
+    the parameters that keep their initial values (which make the branch a
+    no-op); a checkpoint with them does not load into a backbone without.
     """
 
     def __init__(self, *args, mita_cfg: Optional[dict] = MITA_DEFAULTS,
-                 **kwargs):
+                 dwc: bool = False, gate: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        # mita_cfg's flags are checked by set_mita below
+        asked = mita_cfg if isinstance(mita_cfg, dict) else {}
+        self.dwc = check_flag(dwc, 'dwc') or asked.get('dwc') is True
+        self.gate = check_flag(gate, 'gate') or asked.get('gate') is True
         num_extra_tokens = 1 if self.with_cls_token else 0
         for layer in self.layers:
             layer.attn = MiTAMultiheadAttention(layer.attn, num_extra_tokens,
-                                                None)
+                                                None, self.dwc, self.gate)
         self.patch_embed.register_forward_hook(self._record_patch_grid)
         self.set_mita(mita_cfg)
 
     def set_mita(self, mita_cfg: Optional[dict]) -> None:
         """Use MiTA with ``mita_cfg`` (see the class docstring), or full
-        attention everywhere with ``None``."""
+        attention everywhere with ``None``. ``dwc`` and ``gate`` stay as
+        built."""
         cfg = parse_mita_cfg(mita_cfg, len(self.layers),
                              1 if self.with_cls_token else 0)
+        if cfg is not None:
+            for name in ('dwc', 'gate'):
+                if cfg[name] and not getattr(self, name):
+                    raise ValueError(
+                        f'mita_cfg.{name}=True adds parameters, so it is '
+                        'chosen when the backbone is built: build it with '
+                        f'{name}=True (or mita_cfg.{name}=True) instead of '
+                        'switching it on in set_mita')
+            cfg.update(dwc=self.dwc, gate=self.gate)
         self.mita_cfg = cfg
         for i, layer in enumerate(self.layers):
             on = cfg is not None and i in cfg['layers']
@@ -147,22 +203,50 @@ class MiTAViT(VisionTransformer):
 
     def init_weights(self):
         """mmseg's ViT initialisation; pretrained weights that do not fit
-        (another depth or width, missing keys) raise ``ValueError``
-        instead of being skipped with a warning."""
+        (another depth or width, missing keys, ``dwc``/``gate`` weights the
+        backbone lacks) raise ``ValueError`` instead of being skipped with a
+        warning. Only ``dwc``/``gate`` parameters may be missing: they keep
+        their initial values, with a warning naming each."""
         if not (isinstance(self.init_cfg, dict) and self.init_cfg.get('type')
                 in ('Pretrained', 'Pretrained_Part')):
             return super().init_weights()
 
         # Check exactly what mmseg loads: its key selection, pos_embed resized
         def check(state_dict, prefix, *args):
-            check_state_dict_fits(self, state_dict,
-                                  str(self.init_cfg['checkpoint']))
+            self._check_pretrained(state_dict,
+                                   str(self.init_cfg['checkpoint']))
 
         handle = self._register_load_state_dict_pre_hook(check)
         try:
             super().init_weights()
         finally:
             handle.remove()
+
+    def _check_pretrained(self, state_dict, source: str) -> None:
+        """``check_state_dict_fits`` that lets the value-branch parameters
+        be missing (warned) but refuses them where the backbone has none."""
+        own = self.state_dict().keys()
+        branch = [key for key in own if VALUE_BRANCH_KEY.fullmatch(key)]
+        fresh = check_state_dict_fits(self, state_dict, source,
+                                      optional=branch)
+        foreign = [key for key in state_dict
+                   if VALUE_BRANCH_KEY.fullmatch(key) and key not in own]
+        if foreign:
+            kinds = sorted({'dwc=True' if '.dwc.' in k else 'gate=True'
+                            for k in foreign})
+            raise ValueError(
+                f'checkpoint {source} has depth-wise value conv / gate '
+                f'weights ({describe_keys(foreign)}) that the backbone '
+                f'(dwc={self.dwc}, gate={self.gate}) lacks: build it with '
+                f'{" and ".join(kinds)} (tools/convert_vit.py prints the '
+                'settings of a checkpoint)')
+        if fresh:
+            warnings.warn(
+                f'checkpoint {source} has no weights for {len(fresh)} '
+                f'parameters of the backbone (dwc={self.dwc}, '
+                f'gate={self.gate}): {describe_keys(fresh)} keep their '
+                'initial values (depth-wise value conv 0, gate SiLU(g) = 1), '
+                'so the backbone starts as the checkpoint\'s model')
 
     def forward(self, inputs):
         size = tuple(inputs.shape[-2:])
