@@ -5,4 +5,8 @@ _base_ = './vit-mini8_upernet_1xb8-1k_demo-96x96.py'
 model = dict(
     backbone=dict(
         type='MiTAViT',
-        mita_cfg=dict(pool_size=4, topk=16, layers='all', backend='auto')))
+        # _delete_: replaces the twin's mita_cfg=None (mmengine merges a dict
+        # only into a dict)
+        mita_cfg=dict(
+            _delete_=True, pool_size=4, topk=16,
+            layers='all', backend='auto')))

@@ -6,4 +6,8 @@ _base_ = './vit-s16_upernet_8xb2-160k_ade20k-512x512.py'
 model = dict(
     backbone=dict(
         type='MiTAViT',
-        mita_cfg=dict(pool_size=7, topk=49, layers='all', backend='auto')))
+        # _delete_: replaces the twin's mita_cfg=None (mmengine merges a dict
+        # only into a dict)
+        mita_cfg=dict(
+            _delete_=True, pool_size=7, topk=49,
+            layers='all', backend='auto')))

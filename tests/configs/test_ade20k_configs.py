@@ -72,11 +72,11 @@ def test_base_models_are_twins(head):
     full_backbone = full.model.pop('backbone')
     mita_backbone = mita.model.pop('backbone')
     assert mita.to_dict() == full.to_dict()
-    assert (full_backbone.pop('type'), mita_backbone.pop('type'),
-            mita_backbone.pop('mita_cfg')) == (
-                'VisionTransformer', 'MiTAViT',
-                dict(pool_size=7, topk=49, layers='all', backend='auto'))
+    assert (full_backbone.pop('mita_cfg'), mita_backbone.pop('mita_cfg')) == (
+        None, dict(pool_size=7, topk=49, layers='all', backend='auto'))
     assert mita_backbone == full_backbone
+    assert (full_backbone.type, full_backbone.full_attention) == ('MiTAViT',
+                                                                  'sdpa')
 
 
 @pytest.mark.parametrize('name', [n for n in MATRIX if n.startswith('mita')])
@@ -85,11 +85,12 @@ def test_mita_config_differs_from_its_twin_by_attention_only(name):
     mita_backbone, full_backbone = (c['model'].pop('backbone')
                                     for c in (mita, full))
     assert mita == full
-    assert mita_backbone.pop('type') == 'MiTAViT'
-    assert full_backbone.pop('type') == 'VisionTransformer'
+    assert full_backbone.pop('mita_cfg') is None  # full attention by SDPA
     assert mita_backbone.pop('mita_cfg') == dict(
         pool_size=7, topk=49, layers='all', backend='auto')
     assert mita_backbone == full_backbone
+    assert (full_backbone['type'], full_backbone['full_attention']) == (
+        'MiTAViT', 'sdpa')
 
 
 @pytest.mark.parametrize('name', [n for n in MATRIX if n.startswith('vit')])

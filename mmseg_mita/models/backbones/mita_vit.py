@@ -11,6 +11,9 @@ from mmseg_mita.ops import BACKENDS, mita_attention
 from .state_dict_check import check_state_dict_fits
 
 MITA_DEFAULTS = dict(pool_size=7, topk=49, layers='all', backend='auto')
+# How full-attention layers compute: mmcv's MultiheadAttention (as mmseg's
+# ViT) or F.scaled_dot_product_attention on the same weights.
+FULL_ATTENTION = ('mmcv', 'sdpa')
 
 
 class MiTAMultiheadAttention(MultiheadAttention):
@@ -18,11 +21,13 @@ class MiTAMultiheadAttention(MultiheadAttention):
 
     It owns the very same submodules (``attn.in_proj_*``, ``attn.out_proj``)
     as the module it replaces, so state-dict keys are unchanged. With
-    ``mita=None`` it is plain full attention again.
+    ``mita=None`` it is full attention again, computed by mmcv's forward
+    (``full_attention='mmcv'``) or by ``F.scaled_dot_product_attention`` on
+    the same weights (``'sdpa'``).
     """
 
     def __init__(self, full: MultiheadAttention, num_extra_tokens: int,
-                 mita: Optional[dict]):
+                 mita: Optional[dict], full_attention: str = 'mmcv'):
         # Adopt ``full``'s modules instead of running mmcv's constructor,
         # which would build (and drop) a new nn.MultiheadAttention per layer.
         BaseModule.__init__(self, full.init_cfg)
@@ -34,32 +39,50 @@ class MiTAMultiheadAttention(MultiheadAttention):
         self.dropout_layer = full.dropout_layer
         self.num_extra_tokens = num_extra_tokens
         self.mita = mita
+        self.full_attention = full_attention
         self.hw_shape: Optional[Tuple[int, int]] = None
 
     def forward(self, query, identity=None, **kwargs):
-        if self.mita is None:
+        if self.mita is None and self.full_attention == 'mmcv':
             return super().forward(query, identity=identity, **kwargs)
         if kwargs:
-            raise ValueError('MiTA attention is self-attention without masks '
-                             f'or positional inputs; got {sorted(kwargs)}')
+            raise ValueError(
+                f'{"MiTA" if self.mita else "SDPA full"} attention is '
+                'self-attention without masks or positional inputs; got '
+                f'{sorted(kwargs)}')
         x = query if self.batch_first else query.transpose(0, 1)
         b, n, c = x.shape
         mha = self.attn
         qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
         q, k, v = qkv.view(b, n, 3, self.num_heads,
                            c // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = mita_attention(
-            q, k, v, self.hw_shape,
-            num_extra_tokens=self.num_extra_tokens,
-            pool_size=self.mita['pool_size'],
-            topk=self.mita['topk'],
-            backend=self.mita['backend'],
-            dropout_p=mha.dropout if self.training else 0.0)
+        dropout_p = mha.dropout if self.training else 0.0
+        if self.mita is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        else:
+            out = self._mita_attention(q, k, v, dropout_p)
         out = mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
         if not self.batch_first:
             out = out.transpose(0, 1)
         identity = query if identity is None else identity
         return identity + self.dropout_layer(self.proj_drop(out))
+
+    def _mita_attention(self, q, k, v, dropout_p: float):
+        return mita_attention(
+            q, k, v, self.hw_shape,
+            num_extra_tokens=self.num_extra_tokens,
+            pool_size=fit_pool_size(self.mita['pool_size'], self.hw_shape),
+            topk=self.mita['topk'],
+            backend=self.mita['backend'],
+            dropout_p=dropout_p)
+
+
+def fit_pool_size(pool_size: Tuple[int, int],
+                  hw: Tuple[int, int]) -> Tuple[int, int]:
+    """The landmark grid for a patch grid ``hw``: at most one landmark per
+    patch along each axis (a grid smaller than ``pool_size`` along an axis
+    gets fewer landmarks there, so m shrinks)."""
+    return tuple(min(p, int(s)) for p, s in zip(pool_size, hw))
 
 
 def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int) -> Optional[dict]:
@@ -99,6 +122,15 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int) -> Optional[dict]:
     return cfg
 
 
+def check_full_attention(full_attention) -> None:
+    if not isinstance(full_attention, str) or \
+            full_attention not in FULL_ATTENTION:
+        raise ValueError(
+            f'full_attention must be one of {FULL_ATTENTION} (mmcv\'s '
+            'MultiheadAttention as in mmseg\'s ViT, or '
+            f'F.scaled_dot_product_attention), got {full_attention!r}')
+
+
 @MODELS.register_module()
 class MiTAViT(VisionTransformer):
     """Vision Transformer with MiTA attention (arXiv 2602.01219).
@@ -111,19 +143,33 @@ class MiTAViT(VisionTransformer):
       other layers keep full attention;
     - ``backend``: ``'auto'``, ``'torch'`` or ``'flash'``.
 
-    ``mita_cfg=None`` is exactly mmseg's ViT. MiTA adds no parameters, so
-    the state dict has mmseg's ViT keys and its checkpoints load unchanged;
-    :meth:`set_mita` changes m, k or the layers at any time (e.g. for
-    inference).
+    Any input of at least one patch works: where the patch grid is smaller
+    than the landmark grid along an axis, that axis gets one landmark per
+    patch (e.g. ``pool_size=7`` on a 2 x 128 grid uses 2 x 7 landmarks,
+    m = 14); only an input smaller than one patch raises ``ValueError``.
+
+    ``full_attention`` says how the full-attention layers (all of them with
+    ``mita_cfg=None``, the others when ``mita_cfg['layers']`` lists a
+    subset) compute: ``'mmcv'``, mmcv's ``MultiheadAttention`` exactly as
+    mmseg's ViT, or ``'sdpa'``, ``F.scaled_dot_product_attention`` on the
+    same ``in_proj``/``out_proj`` weights (same outputs to float tolerance,
+    attention dropout included; far faster and without the N x N weights).
+
+    ``mita_cfg=None, full_attention='mmcv'`` is exactly mmseg's ViT. MiTA
+    adds no parameters, so the state dict has mmseg's ViT keys and its
+    checkpoints load unchanged; :meth:`set_mita` changes m, k or the layers
+    at any time (e.g. for inference).
     """
 
     def __init__(self, *args, mita_cfg: Optional[dict] = MITA_DEFAULTS,
-                 **kwargs):
+                 full_attention: str = 'mmcv', **kwargs):
+        check_full_attention(full_attention)
         super().__init__(*args, **kwargs)
         num_extra_tokens = 1 if self.with_cls_token else 0
         for layer in self.layers:
             layer.attn = MiTAMultiheadAttention(layer.attn, num_extra_tokens,
-                                                None)
+                                                None, full_attention)
+        self.full_attention = full_attention
         self.patch_embed.register_forward_hook(self._record_patch_grid)
         self.set_mita(mita_cfg)
 
