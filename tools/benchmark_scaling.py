@@ -17,8 +17,10 @@ optimizer update) and model (``mita``: the config; ``sdpa``: the same with
 ``VisionTransformer``), one worker process builds the model (random
 weights, batch 1, BN in eval mode: one image cannot be batch-normalised
 after UPerNet's global pooling) and makes one unmeasured call at the first
-size. The sizes are measured in the order given, each for every series
-before the next size: first the peak memory
+size. The first head's first mode (CBT inference, where the issue's
+targets are) is measured at every size first, then every other series size
+by size (the sizes in the order given). Each measurement: first the peak
+memory
 (``mmseg_mita.ops.benchmark.peak_memory``; this run is also the warm-up of
 the size), then the best of ``--repeats`` timed runs.
 
@@ -258,9 +260,23 @@ def tokens(size, patch=16):
     return -(-size[0] // patch) * -(-size[1] // patch) + 1
 
 
+def measurement_order(args) -> list:
+    """``(size, (head, mode, model))`` pairs: the first head's first mode
+    (by default CBT inference, where the targets are) at every size, then
+    size by size every other series, so that the total budget cuts the
+    largest sizes rather than whole series."""
+    series = [(head, mode, model) for head in args.heads
+              for mode in args.modes for model in args.models]
+    first = [k for k in series if k[:2] == (args.heads[0], args.modes[0])]
+    return [(size, key) for key in first for size in args.sizes] + [
+        (size, key) for size in args.sizes for key in series
+        if key not in first
+    ]
+
+
 def measure_all(args) -> list:
-    """Size by size (smallest first), every series at that size: the
-    total budget cuts the largest sizes, not whole series."""
+    """Every measurement of :func:`measurement_order`, in one worker per
+    series."""
     series = [(head, mode, model) for head in args.heads
               for mode in args.modes for model in args.models]
     workers = {
@@ -277,23 +293,24 @@ def measure_all(args) -> list:
     deadline = time.monotonic() + args.total_budget
     records = []
     try:
-        for size in args.sizes:
-            for key in series:
-                worker = workers[key]
-                load_before = os.getloadavg()
-                if worker.stopped:
-                    record = dict(status=worker.stopped)
-                elif time.monotonic() > deadline:
-                    record = dict(status='not run: total budget spent')
-                else:
-                    record = dict(worker.measure(size, args.time_budget),
-                                  load_before=load_before,
-                                  load_after=os.getloadavg())
-                head, mode, model = key
-                records.append(dict(head=head, mode=mode, model=model,
-                                    size=list(size), tokens=tokens(size),
-                                    **record))
-                print(_progress(records[-1]), flush=True)
+        for size, key in measurement_order(args):
+            worker = workers[key]
+            load_before = os.getloadavg()
+            if worker.stopped:
+                record = dict(status=worker.stopped)
+            elif time.monotonic() > deadline:
+                record = dict(status='not run: total budget spent')
+            else:
+                record = dict(worker.measure(size, args.time_budget),
+                              load_before=load_before,
+                              load_after=os.getloadavg())
+            if worker.stopped:
+                worker.close()  # frees its memory for the others
+            head, mode, model = key
+            records.append(dict(head=head, mode=mode, model=model,
+                                size=list(size), tokens=tokens(size),
+                                **record))
+            print(_progress(records[-1]), flush=True)
     finally:
         for worker in workers.values():
             worker.close()

@@ -83,7 +83,8 @@ def test_benchmark_backbone_compares_with_sdpa_and_mmseg_vit(
     assert 'SDPA twin' in table and "mmseg's ViT" in table
     configs = benchmark_backbone.load_configs(
         benchmark_backbone.parse_args([config]))
-    sdpa, mmseg = configs['sdpa'].model.backbone, configs['mmseg'].model.backbone
+    sdpa = configs['sdpa'].model.backbone
+    mmseg = configs['mmseg'].model.backbone
     assert (sdpa.type, sdpa.mita_cfg, sdpa.full_attention) == ('MiTAViT', None,
                                                               'sdpa')
     assert mmseg.type == 'VisionTransformer'

@@ -73,3 +73,18 @@ def test_sizes_are_parsed():
     ]
     with pytest.raises(SystemExit):
         benchmark_scaling.parse_args(['--sizes', '1024'])
+
+
+def test_targets_first_then_size_by_size():
+    args = benchmark_scaling.parse_args(
+        ['--sizes', '32x32', '64x64', '--models', 'mita', 'sdpa'])
+    order = [(s, h[0], h[1], h[2])
+             for s, h in benchmark_scaling.measurement_order(args)]
+    first = [((32, 32), 'cbt', 'inference', 'mita'),
+             ((64, 64), 'cbt', 'inference', 'mita'),
+             ((32, 32), 'cbt', 'inference', 'sdpa'),
+             ((64, 64), 'cbt', 'inference', 'sdpa')]
+    assert order[:4] == first
+    rest = order[4:]
+    assert len(rest) == 2 * 3 * 2  # sizes x other (head, mode) x models
+    assert [s for s, *_ in rest] == [(32, 32)] * 6 + [(64, 64)] * 6

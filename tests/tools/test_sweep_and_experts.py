@@ -92,6 +92,8 @@ def test_show_experts_draws_every_mita_layer(repo_root, demo_data,
     out = tmp_path / 'experts'
     show_main([config, full_attention_ckpt, image, '--out', str(out),
                '--pool-size', '3', '--topk', '9', '--cfg-options',
+               # the twin's mita_cfg is None: replace it, not merge into it
+               'model.backbone.mita_cfg._delete_=True',
                'model.backbone.mita_cfg.layers=[1,3]'])
     names = sorted(p.name for p in out.iterdir())
     assert names == ['all_layers.png', 'layer1.png', 'layer3.png']
@@ -134,7 +136,8 @@ def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
     out = _run(repo_root, [
         'tools/test.py', MITA, full_attention_ckpt, '--work-dir',
         str(tmp_path / 'test'), '--cfg-options',
-        'model.backbone.mita_cfg.pool_size=7', 'model.backbone.mita_cfg.topk=25'
+        'model.backbone.mita_cfg.pool_size=7',
+        'model.backbone.mita_cfg.topk=25'
     ] + _data_opts(demo_data))
     assert 'missing keys' not in out and 'unexpected key' not in out
     miou = float(re.findall(r'mIoU: ([0-9.]+)', out)[-1])
