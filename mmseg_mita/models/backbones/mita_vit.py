@@ -153,7 +153,7 @@ class MiTAViT(VisionTransformer):
     subset) compute: ``'mmcv'``, mmcv's ``MultiheadAttention`` exactly as
     mmseg's ViT, or ``'sdpa'``, ``F.scaled_dot_product_attention`` on the
     same ``in_proj``/``out_proj`` weights (same outputs to float tolerance,
-    attention dropout included; far faster and without the N x N weights).
+    attention dropout included; the N x N weights are never built).
 
     ``mita_cfg=None, full_attention='mmcv'`` is exactly mmseg's ViT. MiTA
     adds no parameters, so the state dict has mmseg's ViT keys and its
