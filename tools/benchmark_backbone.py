@@ -1,21 +1,31 @@
-"""Images/s and peak memory of a MiTA model against its full-attention twin.
+"""Images/s and peak memory of a MiTA model against full attention, in one
+run: the SDPA twin and mmseg's own ViT.
 
     python tools/benchmark_backbone.py CONFIG [--twin TWIN_CONFIG]
         [--size 512 512] [--batch 1] [--part backbone|segmentor]
         [--train] [--repeats 3] [--device cpu] [--json out.json]
         [--cfg-options key=value ...]
 
-The twin is ``--twin`` or, by default, CONFIG itself with
-``model.backbone.mita_cfg=None`` (``MiTAViT`` is then exactly mmseg's
-``VisionTransformer``). Both models are built with random weights (no
-checkpoint is loaded) and get the same random input of ``--size``; runs are
-interleaved and the best of ``--repeats`` is reported; peak memory is what
-a step allocates (``mmseg_mita.benchmarks.peak_memory``). ``--train`` times
-forward+backward (of the sum of the outputs for the backbone, of the
-decode losses on random labels for the segmentor), otherwise an inference
-forward under ``torch.no_grad``. SyncBN is turned into BN on CPU.
+Three models, built with random weights (no checkpoint is loaded), get the
+same random input of ``--size``:
+
+- ``mita``: CONFIG (a ``MiTAViT`` backbone with ``mita_cfg``);
+- ``sdpa``: ``--twin`` or, by default, CONFIG with ``mita_cfg=None,
+  full_attention='sdpa'``: the same backbone with full attention computed
+  by ``F.scaled_dot_product_attention``;
+- ``mmseg``: the twin with mmseg's own ``VisionTransformer`` backbone
+  (attention by mmcv's ``MultiheadAttention``, which builds N x N weights).
+
+Runs are interleaved and the best of ``--repeats`` is reported; peak memory
+is what a step allocates (``mmseg_mita.benchmarks.peak_memory``);
+``--train`` times forward+backward (of the sum of the outputs for the
+backbone, of the decode losses on random labels for the segmentor),
+otherwise an inference forward under ``torch.no_grad``. SyncBN is turned
+into BN on CPU. Every ratio is MiTA's over the named baseline.
 """
 import argparse
+import copy
+from typing import Dict, Optional
 
 import torch
 from mmengine.config import Config, DictAction
@@ -27,11 +37,12 @@ from mmseg_mita.utils import write_json
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='MiTA model vs its full-attention twin: images/s and '
-        'peak memory')
+        description='MiTA model vs its SDPA full-attention twin and '
+        "mmseg's ViT: images/s and peak memory")
     parser.add_argument('config', help='config of the MiTA model')
-    parser.add_argument('--twin', help='config of the full-attention twin '
-                        '(default: CONFIG with model.backbone.mita_cfg=None)')
+    parser.add_argument('--twin', help='config of the SDPA full-attention '
+                        'twin (default: CONFIG with mita_cfg=None, '
+                        "full_attention='sdpa')")
     parser.add_argument('--size', type=int, nargs=2, default=None,
                         metavar=('H', 'W'),
                         help='input size (default: the backbone img_size)')
@@ -59,24 +70,43 @@ def parse_args(argv=None):
     return args
 
 
-def load_configs(args):
-    """The MiTA config and its full-attention twin."""
+MODELS_COMPARED = ('mita', 'sdpa', 'mmseg')
+LABELS = dict(mita='MiTA', sdpa='SDPA twin', mmseg="mmseg's ViT")
+
+
+def attention_variants(cfg: Config, twin: Optional[Config] = None
+                       ) -> Dict[str, Config]:
+    """``{'mita', 'sdpa', 'mmseg'}`` configs from a MiTA config: the SDPA
+    twin (``twin`` or ``cfg`` with ``mita_cfg=None,
+    full_attention='sdpa'``) and the twin with mmseg's ViT backbone."""
+    backbone = cfg.model.backbone
+    if backbone.get('type') != 'MiTAViT' or backbone.get('mita_cfg',
+                                                          {}) is None:
+        raise SystemExit(
+            f'error: {cfg.filename} is not a MiTA model (backbone '
+            f'{backbone.get("type")!r}, mita_cfg '
+            f'{backbone.get("mita_cfg", "default")!r}); give the MiTA '
+            'config first')
+    if twin is None:
+        twin = copy.deepcopy(cfg)
+        twin.model.backbone.update(mita_cfg=None, full_attention='sdpa')
+    mmseg = copy.deepcopy(twin)
+    mmseg.model.backbone.pop('mita_cfg', None)
+    mmseg.model.backbone.pop('full_attention', None)
+    mmseg.model.backbone.type = 'VisionTransformer'
+    return dict(mita=cfg, sdpa=twin, mmseg=mmseg)
+
+
+def load_configs(args) -> Dict[str, Config]:
+    """The MiTA config, its SDPA twin and the twin with mmseg's ViT."""
     import mmseg_mita  # noqa: F401  (registers MiTAViT)
-    cfg = Config.fromfile(args.config)
+    configs = [Config.fromfile(args.config)]
     if args.twin:
-        twin = Config.fromfile(args.twin)
-    else:
-        if cfg.model.backbone.get('type') != 'MiTAViT':
-            raise SystemExit(
-                f'error: {args.config} has backbone '
-                f'{cfg.model.backbone.get("type")!r}, not MiTAViT; pass its '
-                'twin with --twin, or give the MiTA config first')
-        twin = Config.fromfile(args.config)
-        twin.model.backbone.mita_cfg = None
-    for c in (cfg, twin):
+        configs.append(Config.fromfile(args.twin))
+    for c in configs:
         if args.cfg_options:
             c.merge_from_dict(args.cfg_options)
-    return cfg, twin
+    return attention_variants(*configs)
 
 
 def build(cfg: Config, part: str, device: torch.device):
@@ -144,13 +174,13 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    cfg, twin = load_configs(args)
-    size = _input_size(cfg, args)
+    configs = load_configs(args)
+    size = _input_size(configs['mita'], args)
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(args.batch, 3, *size, generator=gen).to(device)
 
     steps, memory = {}, {}
-    for name, c in (('mita', cfg), ('full', twin)):
+    for name, c in configs.items():
         steps[name] = make_step(build(c, args.part, device), args.part,
                                 args.train, images)
         memory[name] = peak_memory(steps[name], device)  # also the warm-up
@@ -161,22 +191,32 @@ def main(argv=None):
         stats = summarize(times[name])
         results[name] = dict(stats, peak_bytes=memory[name],
                              images_per_s=args.batch / stats['best_s'])
+    mita = results['mita']
     result = dict(
         machine=machine_info(device), args=vars(args), input_size=size,
         results=results,
-        speedup=results['full']['best_s'] / results['mita']['best_s'],
-        memory_ratio=results['mita']['peak_bytes'] /
-        max(results['full']['peak_bytes'], 1))
+        time_ratio={
+            base: mita['best_s'] / results[base]['best_s']
+            for base in ('sdpa', 'mmseg')
+        },
+        memory_ratio={
+            base: mita['peak_bytes'] / max(results[base]['peak_bytes'], 1)
+            for base in ('sdpa', 'mmseg')
+        })
     mode = 'forward+backward' if args.train else 'inference'
     print(f'{args.part} {mode}, batch {args.batch}, input {size[0]}x'
           f'{size[1]}, {device.type}')
-    print(f'{"attention":<10} {"images/s":>10} {"peak MiB":>10}')
-    for name, label in (('mita', 'MiTA'), ('full', 'full')):
+    print(f'{"attention":<13} {"images/s":>10} {"peak MiB":>10} '
+          f'{"MiTA time /":>12} {"MiTA memory /":>14}')
+    for name in MODELS_COMPARED:
         r = results[name]
-        print(f'{label:<10} {r["images_per_s"]:>10.2f} '
-              f'{r["peak_bytes"] / 2**20:>10.1f}')
-    print(f'MiTA speed-up {result["speedup"]:.2f}x, memory '
-          f'{result["memory_ratio"]:.2f}x of full attention')
+        ratios = ('' if name == 'mita' else
+                  f'{result["time_ratio"][name]:>12.3f} '
+                  f'{result["memory_ratio"][name]:>14.3f}')
+        print(f'{LABELS[name]:<13} {r["images_per_s"]:>10.2f} '
+              f'{r["peak_bytes"] / 2**20:>10.1f} {ratios}')
+    print('(ratios: MiTA over the row\'s model; < 1 is MiTA faster / '
+          'smaller)')
     if args.json:
         write_json(result, args.json)
     return result

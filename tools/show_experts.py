@@ -70,8 +70,10 @@ class ExpertRecorder:
     """Records the routing of every MiTA layer of a ``MiTAViT`` forward."""
 
     def __init__(self, backbone):
+        from mmseg_mita.models.backbones.mita_vit import fit_pool_size
         from mmseg_mita.ops import compute_experts
         self.compute_experts = compute_experts
+        self.fit_pool_size = fit_pool_size
         self.backbone = backbone
         self.maps = {}  # layer index -> [heads, N] selection frequency
         self.inputs = None
@@ -93,7 +95,8 @@ class ExpertRecorder:
                            attn.attn.in_proj_bias)
             q, k, v = qkv.view(b, n, 3, attn.num_heads,
                                c // attn.num_heads).permute(2, 0, 3, 1, 4)
-            pool = attn.mita['pool_size']
+            # the landmark grid the layer uses (fewer on a small grid)
+            pool = self.fit_pool_size(attn.mita['pool_size'], attn.hw_shape)
             if not attn.mita['routed_experts']:
                 raise SystemExit('error: compression-only MiTA '
                                  '(routed_experts=False) selects no keys')

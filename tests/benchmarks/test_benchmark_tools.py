@@ -64,8 +64,8 @@ def test_benchmark_attention_rejects_tokens_without_a_square_grid():
         benchmark_attention.parse_args(['--tokens', '30'])
 
 
-def test_benchmark_backbone_compares_with_the_full_attention_twin(
-        tmp_path, repo_root):
+def test_benchmark_backbone_compares_with_sdpa_and_mmseg_vit(
+        tmp_path, repo_root, capsys):
     pytest.importorskip('mmseg')
     import benchmark_backbone
     config = osp.join(repo_root, 'configs/mita_vit/'
@@ -74,12 +74,31 @@ def test_benchmark_backbone_compares_with_the_full_attention_twin(
         config, '--size', '32', '32', '--repeats', '1', '--train',
         '--json', str(tmp_path / 'b.json')
     ])
-    assert set(result['results']) == {'mita', 'full'}
+    assert set(result['results']) == {'mita', 'sdpa', 'mmseg'}
     for stats in result['results'].values():
         assert stats['images_per_s'] > 0 and stats['peak_bytes'] > 0
-    twin_cfg = benchmark_backbone.load_configs(
-        benchmark_backbone.parse_args([config]))[1]
-    assert twin_cfg.model.backbone.mita_cfg is None
+    assert set(result['time_ratio']) == set(result['memory_ratio']) == {
+        'sdpa', 'mmseg'}
+    table = capsys.readouterr().out
+    assert 'SDPA twin' in table and "mmseg's ViT" in table
+    configs = benchmark_backbone.load_configs(
+        benchmark_backbone.parse_args([config]))
+    sdpa = configs['sdpa'].model.backbone
+    mmseg = configs['mmseg'].model.backbone
+    assert (sdpa.type, sdpa.mita_cfg, sdpa.full_attention) == ('MiTAViT', None,
+                                                              'sdpa')
+    assert mmseg.type == 'VisionTransformer'
+    assert 'mita_cfg' not in mmseg and 'full_attention' not in mmseg
     assert json.loads((tmp_path / 'b.json').read_text())['input_size'] == [
         32, 32
     ]
+
+
+def test_benchmark_backbone_refuses_a_full_attention_config(repo_root):
+    pytest.importorskip('mmseg')
+    import benchmark_backbone
+    config = osp.join(repo_root, 'configs/mita_vit/'
+                      'vit-mini8_upernet_1xb8-1k_demo-96x96.py')
+    with pytest.raises(SystemExit, match='not a MiTA model'):
+        benchmark_backbone.load_configs(
+            benchmark_backbone.parse_args([config]))

@@ -66,9 +66,17 @@ def test_builds_and_runs(name):
 MITA_BASE = osp.join(ROOT, 'configs/_base_/models/mita-vit.py')
 
 
+def _base_mita_cfg():
+    """The base's mita_cfg without ``_delete_`` (which makes it replace
+    the twin's ``mita_cfg=None``)."""
+    cfg = Config.fromfile(MITA_BASE).to_dict()['mita_cfg']
+    assert cfg.pop('_delete_') is True
+    return cfg
+
+
 def test_mita_base_is_the_paper_setting():
-    assert Config.fromfile(MITA_BASE).to_dict() == dict(mita_cfg=dict(
-        pool_size=7, topk=49, layers='all', backend='auto'))
+    assert _base_mita_cfg() == dict(pool_size=7, topk=49, layers='all',
+                                    backend='auto')
 
 
 @pytest.mark.parametrize(
@@ -92,11 +100,11 @@ def test_mita_config_differs_from_its_twin_by_attention_only(name):
                                     for c in (mita, full))
     mita_cfg = mita.pop('mita_cfg')  # the base's variable
     assert mita == full
-    assert mita_backbone.pop('type') == 'MiTAViT'
-    assert full_backbone.pop('type') == 'VisionTransformer'
-    assert mita_backbone.pop('mita_cfg') == mita_cfg == Config.fromfile(
-        MITA_BASE).mita_cfg
+    assert full_backbone.pop('mita_cfg') is None  # full attention by SDPA
+    assert mita_backbone.pop('mita_cfg') == mita_cfg == _base_mita_cfg()
     assert mita_backbone == full_backbone
+    assert (full_backbone['type'], full_backbone['full_attention']) == (
+        'MiTAViT', 'sdpa')
 
 
 @pytest.mark.parametrize('name', [n for n in MATRIX if n.startswith('vit')])

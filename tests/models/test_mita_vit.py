@@ -155,7 +155,8 @@ def test_bad_mita_cfg(cfg, match):
         MiTAViT(**SMALL, mita_cfg=cfg)
 
 
-def test_pool_size_larger_than_grid_is_explained():
+def test_pool_size_larger_than_grid_uses_one_landmark_per_patch():
+    """(tests/models/test_any_input_shape.py checks the landmark grid.)"""
     model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=7, topk=4))
-    with pytest.raises(ValueError, match='pool_size'):
-        model(torch.randn(1, 3, 32, 48))  # a 4 x 6 grid
+    outs = model(torch.randn(1, 3, 32, 48))  # a 4 x 6 grid
+    assert [o.shape for o in outs] == [torch.Size([1, 32, 4, 6])] * 2

@@ -114,6 +114,8 @@ def test_show_experts_draws_every_mita_layer(repo_root, demo_data,
     out = tmp_path / 'experts'
     show_main([config, full_attention_ckpt, image, '--out', str(out),
                '--pool-size', '3', '--topk', '9', '--cfg-options',
+               # the twin's mita_cfg is None: replace it, not merge into it
+               'model.backbone.mita_cfg._delete_=True',
                'model.backbone.mita_cfg.layers=[1,3]'])
     names = sorted(p.name for p in out.iterdir())
     assert names == ['all_layers.png', 'layer1.png', 'layer3.png']
@@ -231,8 +233,9 @@ def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
         assert f.read(4) == b'\x89PNG'
     # a full-attention checkpoint evaluated under MiTA by mmseg's test tool
     out = _run(repo_root, [
-        'tools/test.py', FULL, full_attention_ckpt, '--work-dir',
-        str(tmp_path / 'test'), '--cfg-options', 'model.backbone.type=MiTAViT',
+        'tools/test.py', MITA, full_attention_ckpt, '--work-dir',
+        str(tmp_path / 'test'), '--cfg-options',
+        'model.backbone.mita_cfg.pool_size=7',
         'model.backbone.mita_cfg.topk=25'
     ] + _data_opts(demo_data))
     assert 'missing keys' not in out and 'unexpected key' not in out
@@ -241,8 +244,10 @@ def test_sweep_and_test_time_swap_agree(repo_root, demo_data,
 
 
 @pytest.mark.parametrize('config,options,expected', [
-    (FULL, ['model.backbone.type=MiTAViT', 'model.backbone.mita_cfg.topk=25'],
+    (FULL, ['model.backbone.mita_cfg._delete_=True',
+            'model.backbone.mita_cfg.topk=25'],
      dict(pool_size=(7, 7), topk=25)),
+    (FULL, ['model.backbone.full_attention=mmcv'], None),
     (MITA, ['model.backbone.mita_cfg.pool_size=3'],
      dict(pool_size=(3, 3), topk=16)),
     (MITA, ['model.backbone.mita_cfg=None'], None),

@@ -23,9 +23,10 @@ train_pipeline = [
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackSegInputs')
 ]
+# Test at the image's own size (the demo images are 96 x 96): a keep-ratio
+# resize into 96 x 96 would squeeze a 16 x 4000 panorama to 0 pixels.
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=(96, 96), keep_ratio=True),
     dict(type='LoadAnnotations', reduce_zero_label=True),
     check_seg_map,
     dict(type='PackSegInputs')

@@ -28,6 +28,9 @@ def check_flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f'{name} must be True or False, got {value!r}')
     return value
+# How full-attention layers compute: mmcv's MultiheadAttention (as mmseg's
+# ViT) or F.scaled_dot_product_attention on the same weights.
+FULL_ATTENTION = ('mmcv', 'sdpa')
 
 
 class MiTAMultiheadAttention(MultiheadAttention):
@@ -35,7 +38,9 @@ class MiTAMultiheadAttention(MultiheadAttention):
 
     It owns the very same submodules (``attn.in_proj_*``, ``attn.out_proj``)
     as the module it replaces, so state-dict keys are unchanged. With
-    ``mita=None`` it is plain full attention again.
+    ``mita=None`` it is full attention again, computed by mmcv's forward
+    (``full_attention='mmcv'``) or by ``F.scaled_dot_product_attention`` on
+    the same weights (``'sdpa'``).
 
     ``dwc`` / ``gate`` add the authors' depth-wise value convolution
     (``attn.dwc``) and output gate (``attn.gate_proj``), with MiTA or full
@@ -44,7 +49,7 @@ class MiTAMultiheadAttention(MultiheadAttention):
 
     def __init__(self, full: MultiheadAttention, num_extra_tokens: int,
                  mita: Optional[dict], dwc: bool = False,
-                 gate: bool = False):
+                 gate: bool = False, full_attention: str = 'mmcv'):
         # Adopt ``full``'s modules instead of running mmcv's constructor,
         # which would build (and drop) a new nn.MultiheadAttention per layer.
         BaseModule.__init__(self, full.init_cfg)
@@ -56,16 +61,18 @@ class MiTAMultiheadAttention(MultiheadAttention):
         self.dropout_layer = full.dropout_layer
         self.num_extra_tokens = num_extra_tokens
         self.mita = mita
+        self.full_attention = full_attention
         self.hw_shape: Optional[Tuple[int, int]] = None
         self.dwc = DepthwiseValueConv(self.embed_dims) if dwc else None
         self.gate_proj = GateProjection(self.embed_dims) if gate else None
 
     def forward(self, query, identity=None, **kwargs):
         has_value_branch = self.dwc is not None or self.gate_proj is not None
-        if self.mita is None and not has_value_branch:
+        if (self.mita is None and not has_value_branch
+                and self.full_attention == 'mmcv'):
             return super().forward(query, identity=identity, **kwargs)
         if kwargs:
-            raise ValueError('MiTA attention (and the dwc / gate branch) is '
+            raise ValueError('MiTA / SDPA attention (and the dwc / gate branch) is '
                              'self-attention without masks or positional '
                              f'inputs; got {sorted(kwargs)}')
         x = query if self.batch_first else query.transpose(0, 1)
@@ -75,14 +82,10 @@ class MiTAMultiheadAttention(MultiheadAttention):
         q, k, v = qkv.view(b, n, 3, self.num_heads,
                            c // self.num_heads).permute(2, 0, 3, 1, 4)
         dropout_p = mha.dropout if self.training else 0.0
-        if self.mita is None:  # full attention with the value branch
+        if self.mita is None:  # full attention: SDPA
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         else:
-            out = mita_attention(
-                q, k, v, self.hw_shape,
-                num_extra_tokens=self.num_extra_tokens,
-                dropout_p=dropout_p,
-                **self.mita)
+            out = self._mita_attention(q, k, v, dropout_p)
         out = out.transpose(1, 2).reshape(b, n, c)
         if has_value_branch:
             out = add_value_branch(out, x, v, self.hw_shape,
@@ -93,6 +96,23 @@ class MiTAMultiheadAttention(MultiheadAttention):
             out = out.transpose(0, 1)
         identity = query if identity is None else identity
         return identity + self.dropout_layer(self.proj_drop(out))
+
+    def _mita_attention(self, q, k, v, dropout_p: float):
+        pool = fit_pool_size(self.mita['pool_size'], self.hw_shape)
+        options = dict(self.mita, pool_size=pool)
+        options['experts_per_query'] = min(options['experts_per_query'],
+                                           pool[0] * pool[1])
+        return mita_attention(q, k, v, self.hw_shape,
+                              num_extra_tokens=self.num_extra_tokens,
+                              dropout_p=dropout_p, **options)
+
+
+def fit_pool_size(pool_size: Tuple[int, int],
+                  hw: Tuple[int, int]) -> Tuple[int, int]:
+    """The landmark grid for a patch grid ``hw``: at most one landmark per
+    patch along each axis (a grid smaller than ``pool_size`` along an axis
+    gets fewer landmarks there, so m shrinks)."""
+    return tuple(min(p, int(s)) for p, s in zip(pool_size, hw))
 
 
 def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
@@ -131,6 +151,15 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
     return cfg
 
 
+def check_full_attention(full_attention) -> None:
+    if not isinstance(full_attention, str) or \
+            full_attention not in FULL_ATTENTION:
+        raise ValueError(
+            f'full_attention must be one of {FULL_ATTENTION} (mmcv\'s '
+            'MultiheadAttention as in mmseg\'s ViT, or '
+            f'F.scaled_dot_product_attention), got {full_attention!r}')
+
+
 @MODELS.register_module()
 class MiTAViT(VisionTransformer):
     """Vision Transformer with MiTA attention (arXiv 2602.01219).
@@ -151,7 +180,20 @@ class MiTAViT(VisionTransformer):
     - ``dwc``, ``gate``: as the arguments below (``True`` there is the same
       as ``True`` here; ``False`` asks for nothing).
 
-    ``mita_cfg=None`` (without dwc, gate) is exactly mmseg's ViT. MiTA adds
+    Any input of at least one patch works: where the patch grid is smaller
+    than the landmark grid along an axis, that axis gets one landmark per
+    patch (e.g. ``pool_size=7`` on a 2 x 128 grid uses 2 x 7 landmarks,
+    m = 14); only an input smaller than one patch raises ``ValueError``.
+
+    ``full_attention`` says how the full-attention layers (all of them with
+    ``mita_cfg=None``, the others when ``mita_cfg['layers']`` lists a
+    subset) compute: ``'mmcv'``, mmcv's ``MultiheadAttention`` exactly as
+    mmseg's ViT, or ``'sdpa'``, ``F.scaled_dot_product_attention`` on the
+    same ``in_proj``/``out_proj`` weights (same outputs to float tolerance,
+    attention dropout included; the N x N weights are never built).
+
+    ``mita_cfg=None, full_attention='mmcv'`` (without dwc, gate) is exactly
+    mmseg's ViT. MiTA adds
     no parameters, so the state dict has mmseg's ViT keys and its
     checkpoints load unchanged; :meth:`set_mita` changes m, k or the layers
     at any time (e.g. for inference).
@@ -167,7 +209,9 @@ class MiTAViT(VisionTransformer):
     """
 
     def __init__(self, *args, mita_cfg: Optional[dict] = MITA_DEFAULTS,
-                 dwc: bool = False, gate: bool = False, **kwargs):
+                 dwc: bool = False, gate: bool = False,
+                 full_attention: str = 'mmcv', **kwargs):
+        check_full_attention(full_attention)
         super().__init__(*args, **kwargs)
         # mita_cfg's flags are checked by set_mita below
         asked = mita_cfg if isinstance(mita_cfg, dict) else {}
@@ -176,7 +220,9 @@ class MiTAViT(VisionTransformer):
         num_extra_tokens = 1 if self.with_cls_token else 0
         for layer in self.layers:
             layer.attn = MiTAMultiheadAttention(layer.attn, num_extra_tokens,
-                                                None, self.dwc, self.gate)
+                                                None, self.dwc, self.gate,
+                                                full_attention)
+        self.full_attention = full_attention
         self.patch_embed.register_forward_hook(self._record_patch_grid)
         self.set_mita(mita_cfg)
 
