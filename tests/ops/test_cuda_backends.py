@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 from low_precision import fixed_routing_errors, relative_error
-from test_mita_attention import _inputs
+from mita_testing import random_qkv
 
 from mmseg_mita.ops import compute_experts, mita_attention, resolve_backend
 from mmseg_mita.ops.flash_backend import flash_attn_available, mita_flash
@@ -52,7 +52,7 @@ def _case(b, h, hw, extra, d, dtype, seed=0):
     n = extra + hw[0] * hw[1]
     return [
         t.detach().to(dtype).double().requires_grad_()
-        for t in _inputs(b, h, n, d, seed=seed)
+        for t in random_qkv(b, h, n, d, seed=seed)
     ]
 
 
@@ -111,7 +111,7 @@ def test_one_expert_gets_every_query_on_cuda():
     base = torch.randn(d, generator=gen, dtype=torch.float64)
     q = base + 0.01 * torch.randn(1, 2, n, d, generator=gen,
                                   dtype=torch.float64)
-    k, v = _inputs(1, 2, n, d, seed=4)[:2]
+    k, v = random_qkv(1, 2, n, d, seed=4)[:2]
     inputs = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
     experts = compute_experts(*inputs, hw, 1, (3, 3), 20)
     assert (experts.expert == experts.expert[:, :1]).all()

@@ -13,7 +13,7 @@ and, at N = 82, one expert holding every query.
 import pytest
 import torch
 from low_precision import fixed_routing_errors, relative_error
-from test_mita_attention import _inputs
+from mita_testing import random_qkv
 
 from mmseg_mita.ops import compute_experts, mita_attention
 from mmseg_mita.ops.routing import sort_by_expert
@@ -60,7 +60,7 @@ def _reference(q, k, v, hw, extra, pool, topk, grad):
 ])
 def test_float32_matches_reference(b, h, hw, extra, pool, topk, d):
     n = extra + hw[0] * hw[1]
-    q, k, v = _inputs(b, h, n, d)
+    q, k, v = random_qkv(b, h, n, d)
     q, k, v = (t.detach().float().double().requires_grad_()
                for t in (q, k, v))
     grad = torch.randn(q.shape, dtype=torch.float64)
@@ -83,7 +83,7 @@ def test_one_expert_gets_every_query():
     q = (base + 0.01 * torch.randn(1, 2, n, d, generator=gen,
                                    dtype=torch.float64)).float().double()
     k, v = (t.detach().float().double()
-            for t in _inputs(1, 2, n, d, seed=4)[:2])
+            for t in random_qkv(1, 2, n, d, seed=4)[:2])
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     experts = compute_experts(q, k, v, hw, 1, (3, 3), 5)
     assert (experts.expert == experts.expert[:, :1]).all()
@@ -101,7 +101,7 @@ def test_half_precision_within_twice_the_torch_backend_error(dtype):
     # Routing held fixed (low_precision.py): the error is the numerical
     # error of the attention alone; the Triton kernels must be about as
     # accurate as the torch backend (measured: 0.6x to 1.5x its error).
-    inputs = [t.detach().to(dtype).double() for t in _inputs(1, 2, 101, 64)]
+    inputs = [t.detach().to(dtype).double() for t in random_qkv(1, 2, 101, 64)]
     errors = {
         name: fixed_routing_errors(fn, inputs, (10, 10), 1, (3, 3), 20, dtype,
                                    'cpu')
@@ -116,7 +116,7 @@ def test_half_precision_within_twice_the_torch_backend_error(dtype):
 def test_autocast_computes_in_the_autocast_dtype():
     hw = (6, 7)
     q, k, v = (t.detach().float().requires_grad_()
-               for t in _inputs(2, 2, 1 + 42, 16))
+               for t in random_qkv(2, 2, 1 + 42, 16))
     results = {}
     for backend in ('torch', 'triton'):
         with torch.autocast('cpu', dtype=torch.bfloat16):
