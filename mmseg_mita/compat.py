@@ -49,7 +49,6 @@ from mmengine.logging import print_log
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.runner.checkpoint import CheckpointLoader
-from mmseg.datasets import BaseSegDataset
 
 from mmseg_mita.converters.loading import is_zip, zip_damage
 
@@ -229,11 +228,18 @@ def _checked_load_data_list(load_data_list):
 
 
 def check_seg_datasets() -> None:
+    from mmseg.datasets import BaseSegDataset
     _patch(BaseSegDataset, 'load_data_list', _checked_load_data_list)
 
 
-def apply() -> None:
+def apply_mmengine() -> None:
+    """The workarounds of mmengine (needs mmengine only)."""
     allow_mmengine_checkpoints()
     allow_cpu_distributed()
     allow_cpu_amp()
+
+
+def apply() -> None:
+    """Every workaround (needs mmseg)."""
+    apply_mmengine()
     check_seg_datasets()

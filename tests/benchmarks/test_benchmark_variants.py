@@ -26,7 +26,7 @@ def test_benchmark_attention_without_experts_per_query_measures_two():
     import benchmark_attention
     args = benchmark_attention.parse_args(['--tokens', '17',
                                            '--pool-size', '2'])
-    assert benchmark_attention.methods(args) == ('mita', 'sdpa')
+    assert benchmark_attention.methods(args) == ['mita', 'sdpa']
 
 
 def test_benchmark_attention_rejects_more_experts_than_landmarks():

@@ -63,6 +63,7 @@ def test_mita_config_differs_from_its_sdpa_twin_by_attention_only(name):
     mita, full = _cfg(name).to_dict(), _cfg(name[len('mita-'):]).to_dict()
     mita_backbone, full_backbone = (c['model'].pop('backbone')
                                     for c in (mita, full))
+    assert mita.pop('mita_cfg') == MITA_CFG  # ../_base_/models/mita-vit.py
     assert mita == full
     assert full_backbone.pop('mita_cfg') is None
     assert mita_backbone.pop('mita_cfg') == MITA_CFG
