@@ -77,6 +77,15 @@ class MiTAExperts(NamedTuple):
 Backend = Callable[[Tensor, Tensor, Tensor, MiTAExperts, float], Tensor]
 
 
+def compute_dtype(q: Tensor, v: Tensor) -> torch.dtype:
+    """The one dtype a backend computes in: the autocast dtype under
+    autocast (whose inputs may mix float32 and that dtype), else ``v``'s."""
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return v.dtype
+
+
 def softmax_fp32(logits: Tensor, inplace: bool = False) -> Tensor:
     """Softmax over the last dim in float32 at least: a new float32 tensor
     for fp16/bf16 logits; float32/float64 logits are overwritten with

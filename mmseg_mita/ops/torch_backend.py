@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .experts import MiTAExperts, softmax_fp32
+from .experts import MiTAExperts, compute_dtype, softmax_fp32
 from .routing import BlockLayout, block_layout, routed_index
 
 
@@ -347,11 +347,9 @@ def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
     g = b * h
     m = experts.landmarks.shape[1]
     device = q.device.type
-    autocast = torch.is_autocast_enabled(device)
-    # Under autocast the inputs may mix float32 (q, k, v) and the autocast
-    # dtype (matmul results): the Function computes in one dtype, outside
-    # autocast, with its softmax in float32.
-    dtype = torch.get_autocast_dtype(device) if autocast else v.dtype
+    # The Function computes in one dtype, outside autocast, with its
+    # softmax in float32.
+    dtype = compute_dtype(q, v)
     q, k, v, route_logits, shared_values = (
         None if t is None else t.to(dtype)
         for t in (q.reshape(g, n, d), k.reshape(g, n, d), v.reshape(g, n, d),

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .experts import MiTAExperts
+from .experts import MiTAExperts, compute_dtype
 from .routing import routed_index, sort_by_expert
 
 try:  # the kernels below are interpreted when TRITON_INTERPRET=1 was set
@@ -446,10 +446,7 @@ def mita_triton(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
     g = b * h
     m = experts.landmarks.shape[1]
     device = q.device.type
-    autocast = torch.is_autocast_enabled(device)
-    # Under autocast the inputs may mix float32 and the autocast dtype:
-    # compute in one dtype (softmax and accumulation in float32 anyway).
-    dtype = torch.get_autocast_dtype(device) if autocast else v.dtype
+    dtype = compute_dtype(q, v)  # softmax and accumulation in float32
     if dtype not in DTYPES:
         raise ValueError(
             f"backend='triton' computes in float32, float16 or bfloat16, got "
