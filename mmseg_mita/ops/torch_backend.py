@@ -154,13 +154,8 @@ class ExpertBlockAttention(torch.autograd.Function):
             torch.bmm(grad_blocks, values.transpose(1, 2))
         ], dim=-1)
         del values, grad_slots, grad_blocks
-        grad_logits = grad_probs.to(probs.dtype)
-        if mask is not None:
-            grad_logits.mul_(mask).div_(1 - ctx.dropout_p)
-        # Softmax backward in place: p * (dp - p . dp).
-        row_dot = probs.unsqueeze(-2) @ grad_logits.unsqueeze(-1)
-        grad_logits.sub_(row_dot.squeeze(-1)).mul_(probs)
-        grad_logits = grad_logits.to(q.dtype)
+        grad_logits = _softmax_backward(probs, grad_probs, mask,
+                                        ctx.dropout_p, q.dtype)
         if need[3]:
             grad_route = to_tokens(grad_logits[..., :m], m)
         grad_routed = grad_logits[..., m:]
@@ -293,13 +288,8 @@ class MultiExpertAttention(torch.autograd.Function):
                     g * n, m), grad_probs
             ], -1)
         del grad_blocks
-        grad_logits = grad_probs.to(probs.dtype)
-        if mask is not None:
-            grad_logits.mul_(mask).div_(1 - ctx.dropout_p)
-        # Softmax backward in place: p * (dp - p . dp).
-        row_dot = probs.unsqueeze(-2) @ grad_logits.unsqueeze(-1)
-        grad_logits.sub_(row_dot.squeeze(-1)).mul_(probs)
-        grad_logits = grad_logits.to(q.dtype)
+        grad_logits = _softmax_backward(probs, grad_probs, mask,
+                                        ctx.dropout_p, q.dtype)
         if need[3]:
             grad_route = grad_logits[:, :m].reshape(g, n, m)
         grad_routed = to_blocks(grad_logits[:, m:].reshape(g * n * s, topk))
@@ -330,6 +320,19 @@ def _compression_only(route_logits: Tensor, shared_values: Tensor,
     if dropout_p > 0:
         probs = F.dropout(probs, dropout_p)
     return probs @ shared_values
+
+
+def _softmax_backward(probs: Tensor, grad_probs: Tensor, mask,
+                      dropout_p: float, dtype: torch.dtype) -> Tensor:
+    """Gradient of the logits, in ``dtype``, from that of the probabilities
+    after dropout (``mask``): ``p * (dp - p . dp)``, computed in place in
+    the dtype of ``probs``."""
+    grad_logits = grad_probs.to(probs.dtype)
+    if mask is not None:
+        grad_logits.mul_(mask).div_(1 - dropout_p)
+    row_dot = probs.unsqueeze(-2) @ grad_logits.unsqueeze(-1)
+    grad_logits.sub_(row_dot.squeeze(-1)).mul_(probs)
+    return grad_logits.to(dtype)
 
 
 def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
