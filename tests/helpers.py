@@ -110,3 +110,26 @@ def flip_bit_in_tensor(path):
     start = member.header_offset + 30 + name_len + extra_len
     data[start + member.file_size // 2] ^= 0x10
     return bytes(data)
+
+
+def build_segmentor(model_cfg):
+    """The segmentor of ``model_cfg`` with pretrained weights off, BN for
+    SyncBN, in eval mode (seeded)."""
+    import torch
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    init_default_scope('mmseg')
+    model_cfg.backbone.init_cfg = None
+    torch.manual_seed(0)
+    return revert_sync_batchnorm(MODELS.build(model_cfg)).eval()
+
+
+def infer(model, size):
+    """Logits of one inference (whole or slide, as the model's test_cfg
+    says) on a random image of ``size`` (H, W)."""
+    import torch
+    meta = dict(img_shape=size, ori_shape=size, pad_shape=size,
+                padding_size=[0, 0, 0, 0])
+    with torch.no_grad():
+        return model.inference(torch.randn(1, 3, *size), [meta])

@@ -5,11 +5,9 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
-from mmseg.registry import MODELS
 
 import mmseg_mita  # noqa: F401  (registers MiTAViT and CBTHead)
+from helpers import build_segmentor, infer
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SIZES = dict(t16=(192, 3, 12), s16=(384, 6, 12), b16=(768, 12, 12),
@@ -33,17 +31,8 @@ def _cfg(name):
 
 
 def _run_inference(model_cfg, size=112):
-    """Build with pretrained weights off, BN for SyncBN; one inference
-    (whole or slide, as the config says) on a ``size`` x ``size`` image."""
-    init_default_scope('mmseg')
-    model_cfg.backbone.init_cfg = None
-    torch.manual_seed(0)
-    model = revert_sync_batchnorm(MODELS.build(model_cfg))
-    model.eval()
-    meta = dict(img_shape=(size, size), ori_shape=(size, size),
-                pad_shape=(size, size), padding_size=[0, 0, 0, 0])
-    with torch.no_grad():
-        return model.inference(torch.randn(1, 3, size, size), [meta])
+    """One inference on a ``size`` x ``size`` image, pretrained off."""
+    return infer(build_segmentor(model_cfg), (size, size))
 
 
 def test_matrix_is_complete():

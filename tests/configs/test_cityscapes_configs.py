@@ -6,11 +6,9 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config, DictAction
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
-from mmseg.registry import MODELS
 
 import mmseg_mita  # noqa: F401  (registers MiTAViT and CBTHead)
+from helpers import build_segmentor, infer
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SIZES = dict(s16=(384, 6), b16=(768, 12))
@@ -31,13 +29,6 @@ def _cfg(name):
     return Config.fromfile(osp.join(ROOT, 'configs', 'mita_vit', name))
 
 
-def _build(model_cfg):
-    init_default_scope('mmseg')
-    model_cfg.backbone.init_cfg = None
-    torch.manual_seed(0)
-    return revert_sync_batchnorm(MODELS.build(model_cfg)).eval()
-
-
 def test_matrix_is_complete():
     found = {
         osp.basename(p)
@@ -48,12 +39,9 @@ def test_matrix_is_complete():
 
 @pytest.mark.parametrize('name', MATRIX)
 def test_builds_and_runs(name):
-    model = _build(_cfg(name).model)
+    model = build_segmentor(_cfg(name).model)
     size = (64, 96)
-    meta = dict(img_shape=size, ori_shape=size, pad_shape=size,
-                padding_size=[0, 0, 0, 0])
-    with torch.no_grad():
-        logits = model.inference(torch.randn(1, 3, *size), [meta])
+    logits = infer(model, size)
     assert logits.shape == (1, 19, *size)
     assert torch.isfinite(logits).all()
 
@@ -123,10 +111,6 @@ def test_slide_inference_through_cfg_options():
     cfg.model.backbone.update(num_layers=2, embed_dims=64, num_heads=2)
     cfg.model.decode_head.update(in_channels=64, head_dims=16)
     cfg.model.test_cfg.update(crop_size=(48, 48), stride=(32, 32))
-    model = _build(cfg.model)
+    model = build_segmentor(cfg.model)
     size = (64, 112)
-    meta = dict(img_shape=size, ori_shape=size, pad_shape=size,
-                padding_size=[0, 0, 0, 0])
-    with torch.no_grad():
-        assert model.inference(torch.randn(1, 3, *size),
-                               [meta]).shape == (1, 19, *size)
+    assert infer(model, size).shape == (1, 19, *size)

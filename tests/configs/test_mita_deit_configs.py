@@ -6,11 +6,9 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
-from mmseg.registry import MODELS
 
 import mmseg_mita  # noqa: F401  (registers MiTAViT)
+from helpers import build_segmentor, infer
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = {  # config -> (dwc, gate, converted checkpoint)
@@ -55,15 +53,8 @@ def test_settings_fit_the_authors_deit_s(name):
 
 
 def _inference(model_cfg, size=112):
-    init_default_scope('mmseg')
-    model_cfg.backbone.init_cfg = None
-    torch.manual_seed(0)
-    model = revert_sync_batchnorm(MODELS.build(model_cfg))
-    model.eval()
-    meta = dict(img_shape=(size, size), ori_shape=(size, size),
-                pad_shape=(size, size), padding_size=[0, 0, 0, 0])
-    with torch.no_grad():
-        logits = model.inference(torch.randn(1, 3, size, size), [meta])
+    model = build_segmentor(model_cfg)
+    logits = infer(model, (size, size))
     assert logits.shape == (1, 150, size, size)
     assert torch.isfinite(logits).all()
     return model

@@ -37,22 +37,6 @@ def test_full_attention_is_identical_to_mmseg_vit():
         assert torch.equal(a, b)
 
 
-def test_mita_layer_computes_mita_attention():
-    _, model = _vit_pair(mita_cfg=dict(pool_size=(2, 3), topk=5))
-    layer = model.layers[0]
-    x = torch.randn(2, 1 + 4 * 6, 32)
-    layer.attn.hw_shape = (4, 6)
-    got = layer.attn(x, identity=x)
-
-    mha = layer.attn.attn
-    qkv = torch.nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias)
-    q, k, v = qkv.view(2, 25, 3, 2, 16).permute(2, 0, 3, 1, 4)
-    ref = mita_attention(q, k, v, (4, 6), pool_size=(2, 3), topk=5,
-                         backend='torch')
-    ref = mha.out_proj(ref.transpose(1, 2).reshape(2, 25, 32))
-    torch.testing.assert_close(got, x + ref)
-
-
 @pytest.mark.parametrize('with_cls_token', [True, False])
 def test_layer_is_mita_applied_by_hand(with_cls_token):
     """A whole encoder layer of the model (eval mode, attention dropout set)

@@ -151,7 +151,8 @@ def test_compression_only_needs_no_top_k():
     assert experts.shared_values is None
 
 
-@pytest.mark.parametrize('s,shared,routed', [(2, True, True),
+@pytest.mark.parametrize('s,shared,routed', [(1, True, True),
+                                             (2, True, True),
                                              (2, False, True),
                                              (1, True, False)])
 def test_dropout_gradients_are_exact_for_the_sampled_mask(s, shared, routed):
