@@ -80,21 +80,102 @@ def _rows(ROWS, offs, mask, d, offs_d, d_mask):
                                                        & d_mask[None, :])
 
 
+@triton.jit
+def _head_dim(d, BLOCK_D: tl.constexpr):
+    """Offsets along the head dimension and their mask."""
+    offs_d = tl.arange(0, BLOCK_D)
+    return offs_d, offs_d < d
+
+
+@triton.jit
+def _tile_queries(TILES, num_tiles, ROWS, d, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The tile of this program: its global expert, whether it is empty,
+    the head-dim offsets and mask, and its queries' row mask, flat rows and
+    the offsets and mask of their [BLOCK_M, BLOCK_D] block."""
+    expert, start, end = _tile(TILES, num_tiles, tl.program_id(0))
+    offs_d, d_mask = _head_dim(d, BLOCK_D)
+    offs_m = start + tl.arange(0, BLOCK_M)
+    row_mask = offs_m < end
+    rows, q_offs, q_mask = _rows(ROWS, offs_m, row_mask, d, offs_d, d_mask)
+    return (expert, start >= end, offs_d, d_mask, row_mask, rows, q_offs,
+            q_mask)
+
+
+@triton.jit
+def _compressed_logits(RL, rows, row_mask, offs_n, n_mask, m):
+    """Base-2 logits of the compressed keys ``offs_n`` (read from
+    ``route_logits``), their offsets there and their pair mask."""
+    rl_offs = rows[:, None] * m + offs_n[None, :]
+    rl_mask = row_mask[:, None] & n_mask[None, :]
+    logits = tl.load(RL + rl_offs, mask=rl_mask,
+                     other=0.0).to(tl.float32) * LOG2E
+    return logits, rl_offs, rl_mask
+
+
+@triton.jit
+def _compressed_values(VT, group, offs_n, n_mask, m, d, offs_d, d_mask):
+    """Shared values ``Vt`` of the compressed keys ``offs_n``."""
+    return tl.load(VT + (group * m + offs_n)[:, None] * d + offs_d[None, :],
+                   mask=n_mask[:, None] & d_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _routed_keys(K, V, KEY_ROWS, expert, offs_n, n_mask, k, d, offs_d,
+                 d_mask):
+    """The expert's routed keys ``offs_n``, read by index from K and V: the
+    keys, the values, and their offsets and mask in K and V."""
+    key_rows = tl.load(KEY_ROWS + expert * k + offs_n, mask=n_mask,
+                       other=0).to(tl.int64)
+    kv_offs = key_rows[:, None] * d + offs_d[None, :]
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    keys = tl.load(K + kv_offs, mask=kv_mask, other=0.0)
+    values = tl.load(V + kv_offs, mask=kv_mask, other=0.0)
+    return keys, values, kv_offs, kv_mask
+
+
+@triton.jit
+def _online_softmax(m_i, l_i, acc, logits, values, PRECISION: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """Fold one block of base-2 logits (-inf where masked) and their values
+    into the running max ``m_i``, sum ``l_i`` and output ``acc``."""
+    m_new = tl.maximum(m_i, tl.max(logits, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(logits - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(values.dtype), values, PRECISION,
+                                      UPCAST)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _routed_probs(q, keys, lse, pair_mask, qk_scale, PRECISION: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """Probabilities of the routed keys, recomputed from the log-sum-exp
+    (0 where masked)."""
+    logits = _dot(q, tl.trans(keys), PRECISION, UPCAST)
+    return tl.where(pair_mask, tl.exp2(logits * qk_scale - lse[:, None]), 0.0)
+
+
+@triton.jit
+def _score_grad(p, do, values, delta, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """Softmax backward: ``dS = P * (dO V^T - delta)``."""
+    dp = _dot(do, tl.trans(values), PRECISION, UPCAST)
+    return p * (dp - delta[:, None])
+
+
 @triton.jit(do_not_specialize=['num_tiles', 'm', 'k'])  # no recompiles
 def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
               k, d, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
               UPCAST: tl.constexpr):
     """Output and log-sum-exp (base 2) of one tile of queries."""
-    expert, start, end = _tile(TILES, num_tiles, tl.program_id(0))
-    if start >= end:
+    (expert, empty, offs_d, d_mask, row_mask, rows, q_offs,
+     q_mask) = _tile_queries(TILES, num_tiles, ROWS, d, BLOCK_M, BLOCK_D)
+    if empty:
         return
-    group = expert // m
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < d
-    offs_m = start + tl.arange(0, BLOCK_M)
-    row_mask = offs_m < end
-    rows, q_offs, q_mask = _rows(ROWS, offs_m, row_mask, d, offs_d, d_mask)
     q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], -float('inf'), tl.float32)
@@ -104,41 +185,23 @@ def _mita_fwd(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, OUT, LSE, num_tiles, m,
     for n0 in range(0, m, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < m
-        logits = tl.load(RL + rows[:, None] * m + offs_n[None, :],
-                         mask=row_mask[:, None] & n_mask[None, :],
-                         other=0.0).to(tl.float32) * LOG2E
+        logits, _, _ = _compressed_logits(RL, rows, row_mask, offs_n, n_mask,
+                                          m)
         logits = tl.where(n_mask[None, :], logits, -float('inf'))
-        values = tl.load(VT + (group * m + offs_n)[:, None] * d +
-                         offs_d[None, :],
-                         mask=n_mask[:, None] & d_mask[None, :],
-                         other=0.0)
-        m_new = tl.maximum(m_i, tl.max(logits, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(values.dtype), values,
-                                          PRECISION, UPCAST)
-        m_i = m_new
+        values = _compressed_values(VT, expert // m, offs_n, n_mask, m, d,
+                                    offs_d, d_mask)
+        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
+                                        PRECISION, UPCAST)
     # Routed keys of this expert, read by index from K and V.
     for n0 in range(0, k, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < k
-        key_rows = tl.load(KEY_ROWS + expert * k + offs_n,
-                           mask=n_mask,
-                           other=0).to(tl.int64)
-        kv_offs = key_rows[:, None] * d + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        keys = tl.load(K + kv_offs, mask=kv_mask, other=0.0)
-        values = tl.load(V + kv_offs, mask=kv_mask, other=0.0)
+        keys, values, _, _ = _routed_keys(K, V, KEY_ROWS, expert, offs_n,
+                                          n_mask, k, d, offs_d, d_mask)
         logits = _dot(q, tl.trans(keys), PRECISION, UPCAST)
         logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
-        m_new = tl.maximum(m_i, tl.max(logits, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(values.dtype), values,
-                                          PRECISION, UPCAST)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
+                                        PRECISION, UPCAST)
     out = acc / l_i[:, None]
     tl.store(OUT + q_offs, out.to(OUT.dtype.element_ty), mask=q_mask)
     tl.store(LSE + rows, m_i + tl.log2(l_i), mask=row_mask)
@@ -150,16 +213,17 @@ def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr):
-    """``dq`` (routed keys) and ``d route_logits`` of one tile."""
-    expert, start, end = _tile(TILES, num_tiles, tl.program_id(0))
-    if start >= end:
+    """``dq`` (routed keys) and ``d route_logits`` of one tile.
+
+    Probabilities are recomputed from the saved log-sum-exp;
+    ``dS = P * (dO V^T - delta)`` gives ``d route_logits`` for the compressed
+    keys (their logits are ``route_logits``) and ``dq = scale * dS K`` for
+    the routed ones.
+    """
+    (expert, empty, offs_d, d_mask, row_mask, rows, q_offs,
+     q_mask) = _tile_queries(TILES, num_tiles, ROWS, d, BLOCK_M, BLOCK_D)
+    if empty:
         return
-    group = expert // m
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < d
-    offs_m = start + tl.arange(0, BLOCK_M)
-    row_mask = offs_m < end
-    rows, q_offs, q_mask = _rows(ROWS, offs_m, row_mask, d, offs_d, d_mask)
     q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
     do = tl.load(DO + q_offs, mask=q_mask, other=0.0)
     lse = tl.load(LSE + rows, mask=row_mask, other=0.0)
@@ -168,35 +232,23 @@ def _mita_bwd_dq(Q, K, V, RL, VT, KEY_ROWS, ROWS, TILES, DO, LSE, DELTA, DQ,
     for n0 in range(0, m, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < m
-        rl_offs = rows[:, None] * m + offs_n[None, :]
-        rl_mask = row_mask[:, None] & n_mask[None, :]
-        logits = tl.load(RL + rl_offs, mask=rl_mask,
-                         other=0.0).to(tl.float32) * LOG2E
+        logits, rl_offs, rl_mask = _compressed_logits(RL, rows, row_mask,
+                                                      offs_n, n_mask, m)
         p = tl.where(rl_mask, tl.exp2(logits - lse[:, None]), 0.0)
-        values = tl.load(VT + (group * m + offs_n)[:, None] * d +
-                         offs_d[None, :],
-                         mask=n_mask[:, None] & d_mask[None, :],
-                         other=0.0)
-        dp = _dot(do, tl.trans(values), PRECISION, UPCAST)
-        ds = p * (dp - delta[:, None])
+        values = _compressed_values(VT, expert // m, offs_n, n_mask, m, d,
+                                    offs_d, d_mask)
+        ds = _score_grad(p, do, values, delta, PRECISION, UPCAST)
         tl.store(DRL + rl_offs, ds.to(DRL.dtype.element_ty), mask=rl_mask)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(0, k, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < k
-        key_rows = tl.load(KEY_ROWS + expert * k + offs_n,
-                           mask=n_mask,
-                           other=0).to(tl.int64)
-        kv_offs = key_rows[:, None] * d + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        keys = tl.load(K + kv_offs, mask=kv_mask, other=0.0)
-        values = tl.load(V + kv_offs, mask=kv_mask, other=0.0)
-        logits = _dot(q, tl.trans(keys), PRECISION, UPCAST)
-        p = tl.exp2(logits * qk_scale - lse[:, None])
-        p = tl.where(row_mask[:, None] & n_mask[None, :], p, 0.0)
-        dp = _dot(do, tl.trans(values), PRECISION, UPCAST)
-        ds = p * (dp - delta[:, None])
+        keys, values, _, _ = _routed_keys(K, V, KEY_ROWS, expert, offs_n,
+                                          n_mask, k, d, offs_d, d_mask)
+        p = _routed_probs(q, keys, lse, row_mask[:, None] & n_mask[None, :],
+                          qk_scale, PRECISION, UPCAST)
+        ds = _score_grad(p, do, values, delta, PRECISION, UPCAST)
         dq += _dot(ds.to(keys.dtype), keys, PRECISION, UPCAST)
     tl.store(DQ + q_offs, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
@@ -218,23 +270,16 @@ def _mita_bwd_dkv(Q, K, V, RL, KEY_ROWS, ROWS, CHUNKS, DO, LSE, DELTA, DK_ACC,
     expert, start, end = _tile(CHUNKS, num_chunks, tl.program_id(0))
     if start >= end:
         return
-    group = expert // m
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < d
+    offs_d, d_mask = _head_dim(d, BLOCK_D)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if COMPRESSED:
         n_mask = offs_n < m
-        key_rows = group * m + offs_n
+        kv_offs = ((expert // m) * m + offs_n)[:, None] * d + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
         n_mask = offs_n < k
-        key_rows = tl.load(KEY_ROWS + expert * k + offs_n,
-                           mask=n_mask,
-                           other=0).to(tl.int64)
-    kv_offs = key_rows[:, None] * d + offs_d[None, :]
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    if not COMPRESSED:
-        keys = tl.load(K + kv_offs, mask=kv_mask, other=0.0)
-        values = tl.load(V + kv_offs, mask=kv_mask, other=0.0)
+        keys, values, kv_offs, kv_mask = _routed_keys(
+            K, V, KEY_ROWS, expert, offs_n, n_mask, k, d, offs_d, d_mask)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for m0 in range(start, end, BLOCK_M):
@@ -243,22 +288,19 @@ def _mita_bwd_dkv(Q, K, V, RL, KEY_ROWS, ROWS, CHUNKS, DO, LSE, DELTA, DK_ACC,
         rows, q_offs, q_mask = _rows(ROWS, offs_m, row_mask, d, offs_d, d_mask)
         do = tl.load(DO + q_offs, mask=q_mask, other=0.0)
         lse = tl.load(LSE + rows, mask=row_mask, other=0.0)
-        pair_mask = row_mask[:, None] & n_mask[None, :]
         if COMPRESSED:
-            logits = tl.load(RL + rows[:, None] * m + offs_n[None, :],
-                             mask=pair_mask,
-                             other=0.0).to(tl.float32) * LOG2E
+            logits, _, pair_mask = _compressed_logits(RL, rows, row_mask,
+                                                      offs_n, n_mask, m)
             p = tl.where(pair_mask, tl.exp2(logits - lse[:, None]), 0.0)
             dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
         else:
             q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
             delta = tl.load(DELTA + rows, mask=row_mask, other=0.0)
-            logits = _dot(q, tl.trans(keys), PRECISION, UPCAST)
-            p = tl.exp2(logits * qk_scale - lse[:, None])
-            p = tl.where(pair_mask, p, 0.0)
+            p = _routed_probs(q, keys, lse,
+                              row_mask[:, None] & n_mask[None, :], qk_scale,
+                              PRECISION, UPCAST)
             dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-            dp = _dot(do, tl.trans(values), PRECISION, UPCAST)
-            ds = p * (dp - delta[:, None])
+            ds = _score_grad(p, do, values, delta, PRECISION, UPCAST)
             dk += _dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
     tl.atomic_add(DV_ACC + kv_offs, dv, mask=kv_mask)
     if not COMPRESSED:
