@@ -1,4 +1,5 @@
-"""Helpers shared by the tests that run mmseg's tools in a subprocess."""
+"""Helpers shared by the tests that run mmseg's tools in a subprocess or
+build models from the configs."""
 import os
 import os.path as osp
 import re
@@ -133,3 +134,10 @@ def infer(model, size):
                 padding_size=[0, 0, 0, 0])
     with torch.no_grad():
         return model.inference(torch.randn(1, 3, *size), [meta])
+
+
+def scheduled_end(cfg, scheduler):
+    """The iteration where an iteration-based ``scheduler`` of ``cfg`` ends:
+    its ``end``, or, without one, the train loop's ``max_iters`` (what
+    mmengine's Runner sets by default)."""
+    return scheduler.get('end', cfg.train_cfg.max_iters)

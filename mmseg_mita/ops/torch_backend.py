@@ -94,11 +94,8 @@ class ExpertBlockAttention(torch.autograd.Function):
                              inplace=True)
         del compressed, routed
 
-        mask = None
-        used = probs.to(v.dtype)
-        if dropout_p > 0:
-            mask = torch.rand_like(probs) >= dropout_p
-            used = used * mask / (1 - dropout_p)
+        mask = _keep_mask(probs, dropout_p)
+        used = _dropped(probs, mask, dropout_p, v.dtype)
         out = torch.bmm(used.view(g, slots, -1)[..., :m], shared_values)
         out.view(num_blocks, block, d).baddbmm_(
             used[..., m:], _gather_blocks(v, rows, num_blocks))
@@ -130,9 +127,7 @@ class ExpertBlockAttention(torch.autograd.Function):
 
         grad_slots = _to_slots(grad_out.reshape(g * n, d), slot, g * slots)
         grad_blocks = grad_slots.view(num_blocks, block, d)
-        used = probs.to(v.dtype)
-        if mask is not None:
-            used = used * mask / (1 - ctx.dropout_p)
+        used = _dropped(probs, mask, ctx.dropout_p, v.dtype)
         grad_q = grad_k = grad_v = grad_route = grad_shared = None
         if need[4]:
             grad_shared = torch.bmm(
@@ -217,11 +212,8 @@ class MultiExpertAttention(torch.autograd.Function):
         probs = softmax_fp32(logits, inplace=True)
         del logits, routed
 
-        mask = None
-        used = probs.to(v.dtype)
-        if dropout_p > 0:
-            mask = torch.rand_like(probs) >= dropout_p
-            used = used * mask / (1 - dropout_p)
+        mask = _keep_mask(probs, dropout_p)
+        used = _dropped(probs, mask, dropout_p, v.dtype)
         used_routed = _to_slots(used[:, m:].reshape(g * n * s, topk),
                                 layout.slot, slots)
         out = torch.bmm(used_routed.view(num_blocks, layout.block, topk),
@@ -261,9 +253,7 @@ class MultiExpertAttention(torch.autograd.Function):
 
         grad_flat = grad_out.reshape(g * n, d)
         grad_blocks = to_blocks(grad_flat.index_select(0, pair_query))
-        used = probs.to(v.dtype)
-        if mask is not None:
-            used = used * mask / (1 - ctx.dropout_p)
+        used = _dropped(probs, mask, ctx.dropout_p, v.dtype)
         grad_q = grad_k = grad_v = grad_route = grad_shared = None
         if need[4]:
             grad_shared = torch.bmm(used[:, :m].view(g, n, m).transpose(1, 2),
@@ -320,6 +310,21 @@ def _compression_only(route_logits: Tensor, shared_values: Tensor,
     if dropout_p > 0:
         probs = F.dropout(probs, dropout_p)
     return probs @ shared_values
+
+
+def _keep_mask(probs: Tensor, dropout_p: float):
+    """Attention dropout's keep mask (``None`` without dropout)."""
+    return torch.rand_like(probs) >= dropout_p if dropout_p > 0 else None
+
+
+def _dropped(probs: Tensor, mask, dropout_p: float,
+             dtype: torch.dtype) -> Tensor:
+    """The probabilities the values see, in ``dtype``: after dropout, the
+    kept ones rescaled by ``1 / (1 - dropout_p)``."""
+    used = probs.to(dtype)
+    if mask is not None:
+        used = used * mask / (1 - dropout_p)
+    return used
 
 
 def _softmax_backward(probs: Tensor, grad_probs: Tensor, mask,

@@ -8,7 +8,7 @@ import torch
 from mmengine.config import Config, DictAction
 
 import mmseg_mita  # noqa: F401  (registers MiTAViT and CBTHead)
-from helpers import build_segmentor, infer
+from helpers import build_segmentor, infer, scheduled_end
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SIZES = dict(s16=(384, 6), b16=(768, 12))
@@ -83,7 +83,7 @@ def test_recipe(name):
     assert cfg.train_dataloader.batch_size == 1  # x 8 GPUs
     optimizer = cfg.optim_wrapper.optimizer
     poly = cfg.param_scheduler[-1]
-    assert poly.type == 'PolyLR' and poly.end == 80000
+    assert poly.type == 'PolyLR' and scheduled_end(cfg, poly) == 80000
     if '_cbt_' in name:
         assert (optimizer.type, optimizer.lr, optimizer.momentum,
                 optimizer.weight_decay) == ('SGD', 1e-3, 0.9, 0.0)

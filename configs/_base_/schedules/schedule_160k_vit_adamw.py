@@ -1,6 +1,8 @@
 # mmseg's ViT UPerNet recipe: AdamW lr 6e-5, weight decay 0.01 (none on
 # pos_embed, cls_token, norms), 1500 iterations of linear warm-up, then
-# poly (power 1) to 160k iterations.
+# poly (power 1) to the end of training: PolyLR has no `end`, so mmengine's
+# Runner ends it at train_cfg.max_iters (160k here; schedules of another
+# length set max_iters only).
 _base_ = 'mmseg::_base_/schedules/schedule_160k.py'
 optim_wrapper = dict(
     _delete_=True,
@@ -22,6 +24,5 @@ param_scheduler = [
         eta_min=0.0,
         power=1.0,
         begin=1500,
-        end=160000,
         by_epoch=False)
 ]
