@@ -35,13 +35,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from mmseg_mita.benchmarks import (load_average, machine_info, peak_memory,
+from mmseg_mita.benchmarks import (DTYPES, add_measuring_options, load_average,
+                                   machine_info, measuring_device, peak_memory,
                                    run_timed, summarize, time_interleaved)
 from mmseg_mita.ops import mita_attention
 from mmseg_mita.utils import write_atomic, write_json
 
-DTYPES = dict(float32=torch.float32, float16=torch.float16,
-              bfloat16=torch.bfloat16, float64=torch.float64)
 MODES = ('forward', 'forward_backward')
 
 
@@ -69,17 +68,8 @@ def parse_args(argv=None):
     parser.add_argument('--backends', nargs='+', metavar='BACKEND',
                         help='measure several MiTA backends in one run '
                         '(replaces --backend)')
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--dtype', default='float32', choices=list(DTYPES))
-    parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--time-budget', type=float, default=120.0,
-                        help='stop repeating a measurement once its runs '
-                        'add up to this many seconds')
-    parser.add_argument('--threads', type=int, default=0,
-                        help='torch CPU threads (0: torch default)')
-    parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--json', metavar='PATH',
-                        help="write the results as JSON ('-': stdout)")
+    add_measuring_options(parser, repeats=3, time_budget=120.0,
+                          dtype='float32')
     parser.add_argument('--plot', metavar='PNG',
                         help='write a log-log plot of time and memory vs N')
     args = parser.parse_args(argv)
@@ -318,9 +308,7 @@ def plot(records, path: str) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = measuring_device(args)
     info = machine_info(device)
     print(json.dumps(info), file=sys.stderr)
     records = []

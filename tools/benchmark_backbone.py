@@ -30,7 +30,8 @@ from typing import Dict, Optional
 import torch
 from mmengine.config import Config, DictAction
 
-from mmseg_mita.benchmarks import (machine_info, peak_memory, summarize,
+from mmseg_mita.benchmarks import (add_measuring_options, machine_info,
+                                   measuring_device, peak_memory, summarize,
                                    time_interleaved)
 from mmseg_mita.utils import write_json
 
@@ -53,15 +54,7 @@ def parse_args(argv=None):
                         default='backbone')
     parser.add_argument('--train', action='store_true',
                         help='time forward+backward instead of inference')
-    parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--time-budget', type=float, default=120.0,
-                        help='stop repeating a model once its runs add up '
-                        'to this many seconds')
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--threads', type=int, default=0,
-                        help='torch CPU threads (0: torch default)')
-    parser.add_argument('--json', metavar='PATH',
-                        help="write the results as JSON ('-': stdout)")
+    add_measuring_options(parser, repeats=3, time_budget=120.0)
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override settings of both configs')
     args = parser.parse_args(argv)
@@ -128,14 +121,18 @@ def _input_size(cfg: Config, args):
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
-def make_step(model, part: str, train: bool, images: torch.Tensor):
-    """One measured call: inference forward or forward+backward."""
+def make_step(model, part: str, train: bool, images: torch.Tensor,
+              seed: int = 0):
+    """One measured call: inference forward or forward+backward (of the
+    segmentor: on random labels drawn from ``seed``)."""
+    samples = _random_labels(images, seed) if part != 'backbone' else None
+
     def outputs():
         if part == 'backbone':
             return model(images)
         if not train:
             return model(images, mode='tensor')
-        return model(images, _random_labels(images), mode='loss')
+        return model(images, samples, mode='loss')
 
     def loss(out):
         if isinstance(out, dict):  # segmentor losses
@@ -153,11 +150,11 @@ def make_step(model, part: str, train: bool, images: torch.Tensor):
     return step
 
 
-def _random_labels(images: torch.Tensor):
+def _random_labels(images: torch.Tensor, seed: int):
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
     b, _, h, w = images.shape
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     samples = []
     for _ in range(b):
         sample = SegDataSample(metainfo=dict(img_shape=(h, w),
@@ -171,18 +168,16 @@ def _random_labels(images: torch.Tensor):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = measuring_device(args)
     configs = load_configs(args)
     size = _input_size(configs['mita'], args)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(args.seed)
     images = torch.randn(args.batch, 3, *size, generator=gen).to(device)
 
     steps, memory = {}, {}
     for name, c in configs.items():
         steps[name] = make_step(build(c, args.part, device), args.part,
-                                args.train, images)
+                                args.train, images, args.seed)
         memory[name] = peak_memory(steps[name], device)  # also the warm-up
     times = time_interleaved(steps, device, args.repeats, args.time_budget)
 

@@ -32,13 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmseg_mita.benchmarks import (machine_info, run_timed, summarize,
+from mmseg_mita.benchmarks import (DTYPES, add_measuring_options, machine_info,
+                                   measuring_device, run_timed, summarize,
                                    synchronize)
 from mmseg_mita.ops import mita_attention
 from mmseg_mita.utils import write_json
 
-DTYPES = dict(float32=torch.float32, float16=torch.float16,
-              bfloat16=torch.bfloat16)
 
 
 class Block(nn.Module):
@@ -115,16 +114,10 @@ def parse_args(argv=None):
     parser.add_argument('--depth', type=int, default=3)
     parser.add_argument('--heads', type=int, default=2)
     parser.add_argument('--mlp-ratio', type=int, default=4)
-    parser.add_argument('--device', default='cuda')
-    parser.add_argument('--dtype', default='bfloat16', choices=list(DTYPES))
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--time-budget', type=float, default=20.0,
-                        help='seconds of runs per measurement (at least '
-                        'one run)')
+    add_measuring_options(parser, repeats=5, time_budget=20.0,
+                          device='cuda', dtype='bfloat16',
+                          dtypes=('float32', 'float16', 'bfloat16'))
     parser.add_argument('--warmup-tokens', type=int, default=4096)
-    parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--json', metavar='PATH',
-                        help="write the results as JSON ('-': stdout)")
     args = parser.parse_args(argv)
     for name in ('dim', 'depth', 'heads', 'mlp_ratio', 'repeats',
                  'warmup_tokens'):
@@ -245,7 +238,7 @@ def format_table(records) -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = measuring_device(args)
     info = machine_info(device)
     print(json.dumps(info), file=sys.stderr)
     start = time.perf_counter()

@@ -1,9 +1,11 @@
 """Measuring helpers of the benchmark tools (``tools/benchmark_*.py``);
 PyTorch only, like :mod:`mmseg_mita.ops`."""
+from .cli import DTYPES, add_measuring_options, measuring_device
 from .measure import (load_average, machine_info, peak_memory, run_timed,
                       summarize, synchronize, time_interleaved)
 
 __all__ = [
-    'load_average', 'machine_info', 'peak_memory', 'run_timed', 'summarize',
+    'DTYPES', 'add_measuring_options', 'load_average', 'machine_info',
+    'measuring_device', 'peak_memory', 'run_timed', 'summarize',
     'synchronize', 'time_interleaved'
 ]

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from flops_testing import layer_counts
 from mmengine.analysis import FlopAnalyzer
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
@@ -84,27 +85,6 @@ def matmul_mita_counts(b, heads, hw, extra, pool, topk, head_dim=16):
     return analyzer.by_operator()
 
 
-class OneLayer(nn.Module):
-    """Layer 0 of a ViT on ``[B, N, C]`` tokens of an ``hw`` grid."""
-
-    def __init__(self, vit, hw):
-        super().__init__()
-        self.layer = vit.layers[0]
-        self.layer.attn.hw_shape = hw
-
-    def forward(self, x):
-        return self.layer(x)
-
-
-def _layer_counts(vit, b, hw, c):
-    model = OneLayer(vit, hw).eval()
-    x = torch.randn(b, 1 + hw[0] * hw[1], c)
-    with mita_as_one_op() as calls, torch.no_grad():
-        analyzer = flop_analyzer(model, (x, ))
-        analyzer.total()
-    return attention_flops(analyzer, model), analyzer, calls['calls']
-
-
 SMALL = dict(img_size=(64, 64), patch_size=8, embed_dims=48, num_layers=1,
              num_heads=3)
 
@@ -113,7 +93,7 @@ SMALL = dict(img_size=(64, 64), patch_size=8, embed_dims=48, num_layers=1,
 def test_full_attention_layer(b, hw):
     n = 1 + hw[0] * hw[1]
     for vit in (VisionTransformer(**SMALL), MiTAViT(**SMALL, mita_cfg=None)):
-        count, analyzer, calls = _layer_counts(vit, b, hw, 48)
+        count, analyzer, calls = layer_counts(vit, b, hw, 48)
         assert count == full_attention_closed_form(b, n, 48)
         assert count == 2 * b * n**2 * 48
         assert calls == 0
@@ -126,7 +106,7 @@ def test_full_attention_layer(b, hw):
                                             (1, (4, 4), 2, 100)])
 def test_mita_layer(b, hw, pool, topk):
     vit = MiTAViT(**SMALL, mita_cfg=dict(pool_size=pool, topk=topk))
-    count, analyzer, calls = _layer_counts(vit, b, hw, 48)
+    count, analyzer, calls = layer_counts(vit, b, hw, 48)
     assert calls == 1
     independent = matmul_mita_counts(b, 3, hw, 1, pool, topk)
     assert count == independent['matmul']

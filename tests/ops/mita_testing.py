@@ -1,4 +1,5 @@
-"""Inputs and comparisons shared by the operator tests."""
+"""Inputs, comparisons and a plain flash-attn stand-in shared by the
+operator tests."""
 import torch
 
 from mmseg_mita.ops import naive_mita
@@ -13,10 +14,38 @@ def random_qkv(b, h, n, d, dtype=torch.float64, seed=0, device='cpu'):
     ]
 
 
+def aligned_qkv(b, h, n, d, spread=0.01, seed=3):
+    """Like :func:`random_qkv`, but every query lies within ``spread`` of one
+    direction, so that one landmark wins them all: one expert gets every
+    query. k and v come from ``random_qkv(..., seed=seed + 1)``."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(d, generator=gen, dtype=torch.float64)
+    q = base + spread * torch.randn(b, h, n, d, generator=gen,
+                                    dtype=torch.float64)
+    k, v = random_qkv(b, h, n, d, seed=seed + 1)[:2]
+    return [q.requires_grad_(), k, v]
+
+
 def reference(q, k, v, hw, extra, pool, topk):
     """:func:`naive_mita` with positional options (the test tables' order)."""
     return naive_mita(q, k, v, hw, num_extra_tokens=extra, pool_size=pool,
                       topk=topk)
+
+
+def assert_matches_reference(out, ref, inputs, rtol=1e-10, atol=1e-10,
+                             grad_rtol=1e-9, grad_atol=1e-9):
+    """``out`` is ``ref``, and so are their gradients with respect to those
+    of ``inputs`` (q, k, v) that require grad, under one random upstream
+    gradient. The default tolerances are float64's."""
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    grad = torch.randn_like(out)
+    named = [(name, t) for name, t in zip('qkv', inputs) if t.requires_grad]
+    leaves = [t for _, t in named]
+    got = torch.autograd.grad(out, leaves, grad)
+    want = torch.autograd.grad(ref, leaves, grad.to(ref))
+    for (name, _), g1, g2 in zip(named, got, want):
+        torch.testing.assert_close(g1, g2, rtol=grad_rtol, atol=grad_atol,
+                                   msg=lambda m: f'grad of {name}: {m}')
 
 
 def outputs_and_grads(fn, inputs, grad):
@@ -51,3 +80,27 @@ def assert_as_close_as_baseline(fn, baseline, inputs, reference_fn,
         assert err <= factor * base_err + 1e-12, (
             f'{name}: error {err:.3g} to the float64 reference, more than '
             f'{factor}x the baseline\'s {base_err:.3g}')
+
+
+def plain_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False):
+    """``flash_attn_varlen_func``'s contract, one sequence at a time."""
+    assert q.dim() == k.dim() == v.dim() == 3 and not causal
+    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
+    assert dropout_p == 0.0
+    len_q = cu_seqlens_q.diff()
+    len_k = cu_seqlens_k.diff()
+    assert int(len_q.min()) > 0, 'an empty query sequence reached the kernel'
+    assert int(len_q.max()) == max_seqlen_q
+    assert int(len_k.max()) == max_seqlen_k
+    assert int(cu_seqlens_q[-1]) == q.shape[0]
+    assert int(cu_seqlens_k[-1]) == k.shape[0]
+    out = []
+    for i in range(len(len_q)):
+        qs = q[cu_seqlens_q[i]:cu_seqlens_q[i + 1]].transpose(0, 1)
+        ks = k[cu_seqlens_k[i]:cu_seqlens_k[i + 1]].transpose(0, 1)
+        vs = v[cu_seqlens_k[i]:cu_seqlens_k[i + 1]].transpose(0, 1)
+        probs = torch.softmax(softmax_scale * qs @ ks.transpose(1, 2), -1)
+        out.append((probs @ vs).transpose(0, 1))
+    return torch.cat(out)

@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 from low_precision import fixed_routing_errors, relative_error
-from mita_testing import random_qkv
+from mita_testing import aligned_qkv, random_qkv
 
 from mmseg_mita.ops import compute_experts, mita_attention, resolve_backend
 from mmseg_mita.ops.flash_backend import flash_attn_available, mita_flash
@@ -107,12 +107,8 @@ def test_float32_on_cuda_matches_reference(backend, b, h, hw, extra, pool,
 def test_one_expert_gets_every_query_on_cuda():
     hw, d = (16, 16), 64
     n = 1 + hw[0] * hw[1]
-    gen = torch.Generator().manual_seed(3)
-    base = torch.randn(d, generator=gen, dtype=torch.float64)
-    q = base + 0.01 * torch.randn(1, 2, n, d, generator=gen,
-                                  dtype=torch.float64)
-    k, v = random_qkv(1, 2, n, d, seed=4)[:2]
-    inputs = [t.detach().float().double().requires_grad_() for t in (q, k, v)]
+    inputs = [t.detach().float().double().requires_grad_()
+              for t in aligned_qkv(1, 2, n, d)]
     experts = compute_experts(*inputs, hw, 1, (3, 3), 20)
     assert (experts.expert == experts.expert[:, :1]).all()
     ref, ref_grads, grad = _reference(inputs, hw, 1, 3, 20)

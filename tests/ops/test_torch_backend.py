@@ -2,7 +2,8 @@
 of the torch backend, against the dense float64 reference."""
 import pytest
 import torch
-from mita_testing import random_qkv, reference
+from mita_testing import (aligned_qkv, assert_matches_reference, random_qkv,
+                          reference)
 
 from mmseg_mita.ops import mita_attention
 from mmseg_mita.benchmarks import peak_memory
@@ -11,14 +12,8 @@ from mmseg_mita.benchmarks import peak_memory
 def _check_against_reference(q, k, v, hw, extra, pool, topk, **kwargs):
     out = mita_attention(q, k, v, hw, num_extra_tokens=extra, pool_size=pool,
                          topk=topk, backend='torch', **kwargs)
-    ref = reference(q, k, v, hw, extra, pool, topk)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    grad = torch.randn_like(out)
-    inputs = [t for t in (q, k, v) if t.requires_grad]
-    got = torch.autograd.grad(out, inputs, grad)
-    want = torch.autograd.grad(ref, inputs, grad)
-    for g1, g2 in zip(got, want):
-        torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-9)
+    assert_matches_reference(out, reference(q, k, v, hw, extra, pool, topk),
+                             (q, k, v))
 
 
 @pytest.mark.parametrize('b,h,hw,extra,pool,topk', [
@@ -34,12 +29,7 @@ def test_worst_cases_match_reference(b, h, hw, extra, pool, topk):
 def test_one_expert_gets_every_query_with_gradients():
     hw, d = (9, 9), 8
     n = 1 + hw[0] * hw[1]
-    gen = torch.Generator().manual_seed(3)
-    base = torch.randn(d, generator=gen, dtype=torch.float64)
-    q = (base + 0.01 * torch.randn(1, 2, n, d, generator=gen,
-                                   dtype=torch.float64)).requires_grad_()
-    k, v = random_qkv(1, 2, n, d, seed=4)[:2]
-    _check_against_reference(q, k, v, hw, 1, 3, 5)
+    _check_against_reference(*aligned_qkv(1, 2, n, d), hw, 1, 3, 5)
 
 
 @pytest.mark.parametrize('needs', ['q', 'k', 'v', 'kv', 'qv'])
@@ -65,7 +55,18 @@ def test_bad_dropout_is_rejected():
         mita_attention(q, q, q, (4, 4), pool_size=2, topk=3, dropout_p=1.0)
 
 
-def test_bfloat16_close_to_float32():
+# The default variant and the paper's ablations (tests/ops/test_variants.py).
+VARIANTS = [
+    dict(),
+    dict(experts_per_query=2),
+    dict(experts_per_query=2, shared_expert=False),
+    dict(routed_experts=False),
+]
+VARIANT_IDS = ['default', 's2', 's2-no-shared', 'no-routed']
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=VARIANT_IDS)
+def test_bfloat16_close_to_float32(variant):
     # The same bf16-rounded inputs in float32 and in bfloat16; topk >= N so
     # that rounding cannot swap a routed key (a legitimate difference).
     q, k, v = (t.detach().bfloat16() for t in random_qkv(2, 2, 65, 32))
@@ -73,7 +74,7 @@ def test_bfloat16_close_to_float32():
     low = [t.requires_grad_() for t in (q, k, v)]
     outs = [
         mita_attention(*inputs, (8, 8), pool_size=4, topk=100,
-                       backend='torch') for inputs in (full, low)
+                       backend='torch', **variant) for inputs in (full, low)
     ]
     assert outs[1].dtype == torch.bfloat16
     grad = torch.randn_like(outs[0])
@@ -86,7 +87,8 @@ def test_bfloat16_close_to_float32():
         assert (got.float() - want).norm() / want.norm() < 0.02
 
 
-def test_peak_memory_grows_linearly_with_tokens():
+@pytest.mark.parametrize('variant', VARIANTS, ids=VARIANT_IDS)
+def test_peak_memory_grows_linearly_with_tokens(variant):
     # An N x N tensor anywhere would make 4x the tokens cost ~16x memory.
     cpu = torch.device('cpu')
 
@@ -96,7 +98,7 @@ def test_peak_memory_grows_linearly_with_tokens():
                    for _ in range(3))
         grad = torch.randn(1, 1, n, 32)
         return peak_memory(
-            lambda: mita_attention(q, k, v, (side, side), backend='torch')
-            .backward(grad), cpu)
+            lambda: mita_attention(q, k, v, (side, side), backend='torch',
+                                   **variant).backward(grad), cpu)
 
     assert peak(64) / peak(32) < 4.5

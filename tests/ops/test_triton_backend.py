@@ -13,7 +13,7 @@ and, at N = 82, one expert holding every query.
 import pytest
 import torch
 from low_precision import fixed_routing_errors, relative_error
-from mita_testing import random_qkv
+from mita_testing import aligned_qkv, random_qkv
 
 from mmseg_mita.ops import compute_experts, mita_attention
 from mmseg_mita.ops.routing import sort_by_expert
@@ -78,13 +78,8 @@ def test_one_expert_gets_every_query():
     # spans 6 query tiles of 16 and 3 backward chunks of 32.
     hw, d = (9, 9), 16
     n = 1 + hw[0] * hw[1]
-    gen = torch.Generator().manual_seed(3)
-    base = torch.randn(d, generator=gen, dtype=torch.float64)
-    q = (base + 0.01 * torch.randn(1, 2, n, d, generator=gen,
-                                   dtype=torch.float64)).float().double()
-    k, v = (t.detach().float().double()
-            for t in random_qkv(1, 2, n, d, seed=4)[:2])
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    q, k, v = (t.detach().float().double().requires_grad_()
+               for t in aligned_qkv(1, 2, n, d))
     experts = compute_experts(q, k, v, hw, 1, (3, 3), 5)
     assert (experts.expert == experts.expert[:, :1]).all()
     grad = torch.randn(q.shape, dtype=torch.float64)

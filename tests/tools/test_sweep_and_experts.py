@@ -55,43 +55,28 @@ def full_attention_ckpt(repo_root, tmp_path_factory):
     return path
 
 
-def test_selection_frequency_counts_queries_per_key():
-    torch.manual_seed(0)
+@pytest.mark.parametrize('s', [1, 2])
+def test_selection_frequency_counts_queries_per_key(s):
+    # s experts per query: expert [G, N] for one, [G, N, s] for several.
+    torch.manual_seed(s)
     g, n, m, k = 3, 11, 4, 5
-    expert = torch.randint(0, m, (g, n))
+    expert = torch.stack([
+        torch.stack([torch.randperm(m)[:s] for _ in range(n)])
+        for _ in range(g)
+    ])
     topk_index = torch.stack([
         torch.stack([torch.randperm(n)[:k] for _ in range(m)])
         for _ in range(g)
     ])
-    freq = selection_frequency(expert, topk_index, m)
-    for gi in range(g):
-        for t in range(n):
-            hits = sum(t in topk_index[gi, expert[gi, i]].tolist()
-                       for i in range(n))
-            assert freq[gi, t].item() == pytest.approx(hits / n)
-    # every query gathers exactly k keys
-    torch.testing.assert_close(freq.sum(1), torch.full((g, ), k * 1.0,
-                                                       dtype=torch.float64))
-
-
-def test_selection_frequency_with_two_experts_per_query():
-    torch.manual_seed(1)
-    g, n, m, k = 2, 9, 4, 3
-    expert = torch.stack([torch.stack([torch.randperm(m)[:2]
-                                       for _ in range(n)])
-                          for _ in range(g)])  # [G, N, 2]
-    topk_index = torch.stack([
-        torch.stack([torch.randperm(n)[:k] for _ in range(m)])
-        for _ in range(g)
-    ])
-    freq = selection_frequency(expert, topk_index, m)
+    freq = selection_frequency(expert[..., 0] if s == 1 else expert,
+                               topk_index, m)
     for gi in range(g):
         for t in range(n):
             hits = sum(t in topk_index[gi, e].tolist()
                        for i in range(n) for e in expert[gi, i].tolist())
             assert freq[gi, t].item() == pytest.approx(hits / n)
-    # every query gathers 2 k keys (a key of both its experts twice)
-    torch.testing.assert_close(freq.sum(1), torch.full((g, ), 2.0 * k,
+    # every query gathers s k keys (a key of two of its experts twice)
+    torch.testing.assert_close(freq.sum(1), torch.full((g, ), float(s * k),
                                                        dtype=torch.float64))
 
 

@@ -1,5 +1,7 @@
 # The procedural demo dataset of tools/make_demo_data.py, in ADE20K's layout
-# and conventions (annotation 0 = ignore, reduce_zero_label=True).
+# and conventions (annotation 0 = ignore, reduce_zero_label=True): mmseg's
+# ade20k.py with the demo's classes, 96 x 96 pipelines and loaders.
+_base_ = 'mmseg::_base_/datasets/ade20k.py'
 dataset_type = 'BaseSegDataset'
 data_root = 'data/demo_ade'
 metainfo = dict(
@@ -57,27 +59,12 @@ _dataset = dict(
     img_suffix='.jpg',
     seg_map_suffix='.png',
     reduce_zero_label=True)
+# mmseg's ADE20K loaders (layout, samplers, batch 1 for validation) on the
+# demo dataset.
 train_dataloader = dict(
     batch_size=8,
     num_workers=2,
-    persistent_workers=True,
-    sampler=dict(type='InfiniteSampler', shuffle=True),
-    dataset=dict(
-        **_dataset,
-        data_prefix=dict(
-            img_path='images/training', seg_map_path='annotations/training'),
-        pipeline=train_pipeline))
+    dataset=dict(**_dataset, pipeline=train_pipeline))
 val_dataloader = dict(
-    batch_size=1,
-    num_workers=2,
-    persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(
-        **_dataset,
-        data_prefix=dict(
-            img_path='images/validation',
-            seg_map_path='annotations/validation'),
-        pipeline=test_pipeline))
+    num_workers=2, dataset=dict(**_dataset, pipeline=test_pipeline))
 test_dataloader = val_dataloader
-val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
-test_evaluator = val_evaluator
