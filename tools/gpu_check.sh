@@ -108,7 +108,7 @@ print(json.dumps(info))
 PY
 
 # (a) Op tests on CUDA (they skip without CUDA).
-run_part op_tests 180 "$PY" -m pytest -p no:cacheprovider -q -rs \
+run_part op_tests 180 "$PY" -m pytest -p no:cacheprovider -v -rs \
     tests/ops/test_cuda_backends.py tests/ops/test_flash_backend.py \
     --junitxml "$OUT/op_tests.xml"
 

@@ -10,6 +10,11 @@ landmarks, the shared expert, the compressed logits, the attention and all
 gradients) runs in the low precision. The reference is the torch backend in
 float64 with the same routing (exact against the dense per-query reference,
 ``test_mita_attention.py``).
+
+Tolerances are calibrated the way flash-attention's tests do it
+(:func:`assert_as_accurate_as_torch`): a backend's error at a dtype may be at
+most twice the torch backend's error at that dtype, so the bound follows
+the dtype instead of being guessed.
 """
 import torch
 
@@ -46,3 +51,26 @@ def fixed_routing_errors(backend_fn, inputs, hw, extra, pool, topk, dtype,
     return [relative_error(out, ref)] + [
         relative_error(g, w) for g, w in zip(grads, ref_grads)
     ]
+
+
+def assert_as_accurate_as_torch(backend_fn, inputs, hw, extra, pool, topk,
+                                dtype, device, factor=2.0, bound=2e-2):
+    """``backend_fn`` (a backend function, ``fn(q, k, v, experts)``) is at
+    most ``factor`` times as far from the float64 result as the torch
+    backend at the same ``dtype`` and ``device``, for the output and each
+    gradient (plus 1e-4 of slack for errors near zero), and below ``bound``
+    (the output) and ``2.5 * bound`` (the gradients) in absolute terms.
+    Returns both error lists: ``{'backend': [...], 'torch': [...]}``."""
+    errors = {
+        name: fixed_routing_errors(fn, inputs, hw, extra, pool, topk, dtype,
+                                   device)
+        for name, fn in (('backend', backend_fn), ('torch', mita_torch))
+    }
+    names = ('out', 'dq', 'dk', 'dv')
+    for name, got, base in zip(names, errors['backend'], errors['torch']):
+        assert got <= factor * base + 1e-4, (
+            f'{name}: relative error {got:.3g} to float64, more than '
+            f'{factor}x the torch backend\'s {base:.3g} ({errors})')
+    assert errors['backend'][0] < bound, errors
+    assert max(errors['backend'][1:]) < 2.5 * bound, errors
+    return errors

@@ -1,5 +1,5 @@
-"""Inputs, comparisons and a plain flash-attn stand-in shared by the
-operator tests."""
+"""Inputs, the float64 comparison and a plain flash-attn stand-in shared by
+the operator tests (low-precision comparisons: ``low_precision.py``)."""
 import torch
 
 from mmseg_mita.ops import naive_mita
@@ -46,40 +46,6 @@ def assert_matches_reference(out, ref, inputs, rtol=1e-10, atol=1e-10,
     for (name, _), g1, g2 in zip(named, got, want):
         torch.testing.assert_close(g1, g2, rtol=grad_rtol, atol=grad_atol,
                                    msg=lambda m: f'grad of {name}: {m}')
-
-
-def outputs_and_grads(fn, inputs, grad):
-    """``fn(*inputs)`` and the gradients of ``(fn(*inputs) * grad).sum()``
-    with respect to ``inputs`` (fresh leaves), all as float64 on the CPU."""
-    leaves = [t.detach().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, grad.to(out))
-    return [t.detach().double().cpu() for t in (out, *grads)]
-
-
-def assert_as_close_as_baseline(fn, baseline, inputs, reference_fn,
-                                factor=2.0, names=('out', 'dq', 'dk', 'dv')):
-    """Low-precision check in the manner of flash-attention's tests.
-
-    ``fn`` and ``baseline`` run on ``inputs`` (same device and dtype);
-    ``reference_fn`` on the same values in float64. The largest error of
-    ``fn``'s output and of each gradient to the reference must be at most
-    ``factor`` times the baseline's (plus a few float64 ulps), so the
-    tolerance follows the dtype instead of being guessed.
-    """
-    exact = [t.detach().double().cpu() for t in inputs]
-    out64 = reference_fn(*[t.clone().requires_grad_() for t in exact])
-    grad = torch.randn(out64.shape, generator=torch.Generator().manual_seed(
-        1), dtype=torch.float64)
-    want = outputs_and_grads(reference_fn, exact, grad)
-    got = outputs_and_grads(fn, inputs, grad.to(inputs[0]))
-    base = outputs_and_grads(baseline, inputs, grad.to(inputs[0]))
-    for name, g, b, w in zip(names, got, base, want):
-        err = float((g - w).abs().max())
-        base_err = float((b - w).abs().max())
-        assert err <= factor * base_err + 1e-12, (
-            f'{name}: error {err:.3g} to the float64 reference, more than '
-            f'{factor}x the baseline\'s {base_err:.3g}')
 
 
 def plain_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k,

@@ -12,12 +12,11 @@ and, at N = 82, one expert holding every query.
 """
 import pytest
 import torch
-from low_precision import fixed_routing_errors, relative_error
+from low_precision import assert_as_accurate_as_torch, relative_error
 from mita_testing import aligned_qkv, random_qkv
 
 from mmseg_mita.ops import compute_experts, mita_attention
 from mmseg_mita.ops.routing import sort_by_expert
-from mmseg_mita.ops.torch_backend import mita_torch
 
 pytest.importorskip('triton',
                     reason='triton is a test dependency: pip install triton')
@@ -97,15 +96,8 @@ def test_half_precision_within_twice_the_torch_backend_error(dtype):
     # error of the attention alone; the Triton kernels must be about as
     # accurate as the torch backend (measured: 0.6x to 1.5x its error).
     inputs = [t.detach().to(dtype).double() for t in random_qkv(1, 2, 101, 64)]
-    errors = {
-        name: fixed_routing_errors(fn, inputs, (10, 10), 1, (3, 3), 20, dtype,
-                                   'cpu')
-        for name, fn in (('torch', mita_torch),
-                         ('triton', triton_backend.mita_triton))
-    }
-    for triton_err, torch_err in zip(errors['triton'], errors['torch']):
-        assert triton_err <= 2 * torch_err + 1e-4, errors
-        assert triton_err < 2e-2, errors
+    assert_as_accurate_as_torch(triton_backend.mita_triton, inputs, (10, 10),
+                                1, (3, 3), 20, dtype, 'cpu')
 
 
 def test_autocast_computes_in_the_autocast_dtype():
