@@ -136,14 +136,6 @@ def test_half_precision_on_cuda_as_accurate_as_torch(backend, dtype):
                                 (7, 7), 49, dtype, 'cuda')
 
 
-def _interpreted():
-    try:
-        from mmseg_mita.ops import triton_backend
-    except ImportError:
-        return False
-    return triton_backend.interpreted()
-
-
 def _require_triton():
     if 'triton' not in BACKENDS:
         pytest.skip('triton is not installed')
