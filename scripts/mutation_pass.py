@@ -13,6 +13,9 @@ import tempfile
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 VIT = 'mmseg_mita/models/backbones/mita_vit.py'
 OP = 'mmseg_mita/ops/mita_attention.py'
+OPTIONS = 'mmseg_mita/ops/options.py'
+BACKENDS = 'mmseg_mita/ops/backends.py'
+BACKEND_TEST = ['tests/ops/test_backends.py', 'tests/ops/test_variants.py']
 TRITON = 'mmseg_mita/ops/triton_backend.py'
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
@@ -23,11 +26,22 @@ MUTATIONS = [
      'identity = query if identity is None else identity',
      'identity = query', LAYER_TEST),
     ('patch grid handed to the layers as (W, H)', VIT,
-     'layer.attn.hw_shape = tuple(hw_shape)',
-     'layer.attn.hw_shape = tuple(hw_shape)[::-1]', LAYER_TEST),
+     'x = layer(x, hw_shape)', 'x = layer(x, hw_shape[::-1])', LAYER_TEST),
     ('num_extra_tokens fixed to 1', VIT,
-     'num_extra_tokens = 1 if self.with_cls_token else 0',
-     'num_extra_tokens = 1', LAYER_TEST),
+     'num_extra_tokens=1 if self.with_cls_token else 0,',
+     'num_extra_tokens=1,', LAYER_TEST),
+    ('experts_per_query not reduced on a small landmark grid', OPTIONS,
+     'experts_per_query=min(options.experts_per_query, pool[0] * pool[1]))',
+     'experts_per_query=options.experts_per_query)',
+     ['tests/models/test_any_input_shape.py']),
+    ('a backend\'s declared head_dim limit not checked', BACKENDS,
+     'if self.max_head_dim is not None and d > self.max_head_dim:',
+     'if self.max_head_dim is not None and d > self.max_head_dim + 8:',
+     BACKEND_TEST),
+    ('auto ignoring what the first backend cannot run', BACKENDS,
+     '            if not backend.not_supported_reasons(q, k, v, options,',
+     '            if backend.name or backend.not_supported_reasons(q, k, v, options,',
+     BACKEND_TEST),
     ('attention dropout in eval mode', VIT,
      'dropout_p = mha.dropout if self.training else 0.0',
      'dropout_p = mha.dropout', LAYER_TEST),

@@ -70,23 +70,22 @@ class ExpertRecorder:
     """Records the routing of every MiTA layer of a ``MiTAViT`` forward."""
 
     def __init__(self, backbone):
-        from mmseg_mita.models.backbones.mita_vit import fit_pool_size
         from mmseg_mita.ops import compute_experts
         self.compute_experts = compute_experts
-        self.fit_pool_size = fit_pool_size
         self.backbone = backbone
         self.maps = {}  # layer index -> [heads, N] selection frequency
         self.inputs = None
         backbone.register_forward_pre_hook(self._record_input)
         for i, layer in enumerate(backbone.layers):
-            layer.attn.register_forward_pre_hook(self._hook(i))
+            layer.attn.register_forward_pre_hook(self._hook(i),
+                                                 with_kwargs=True)
 
     def _record_input(self, module, args):
         self.inputs = args[0].detach()
 
     def _hook(self, index):
 
-        def hook(attn, args):
+        def hook(attn, args, kwargs):
             if attn.mita is None:
                 return
             x = args[0] if attn.batch_first else args[0].transpose(0, 1)
@@ -95,22 +94,20 @@ class ExpertRecorder:
                            attn.attn.in_proj_bias)
             q, k, v = qkv.view(b, n, 3, attn.num_heads,
                                c // attn.num_heads).permute(2, 0, 3, 1, 4)
-            # the landmark grid the layer uses (fewer on a small grid)
-            pool = self.fit_pool_size(attn.mita['pool_size'], attn.hw_shape)
-            if not attn.mita['routed_experts']:
+            # the options the layer uses (fewer landmarks on a small grid)
+            hw = tuple(kwargs['hw_shape'])
+            options = attn.mita.options.fitted(hw)
+            if not options.routed_experts:
                 raise SystemExit('error: compression-only MiTA '
                                  '(routed_experts=False) selects no keys')
-            experts = self.compute_experts(
-                q, k, v, attn.hw_shape, attn.num_extra_tokens, pool,
-                attn.mita['topk'],
-                experts_per_query=attn.mita['experts_per_query'],
-                landmarks=attn.mita['landmarks'])
+            experts = self.compute_experts(q, k, v, hw,
+                                           attn.num_extra_tokens, options)
             freq = selection_frequency(experts.expert, experts.topk_index,
-                                       pool[0] * pool[1])
+                                       options.num_landmarks)
             self.maps[index] = dict(
-                freq=freq.view(b, attn.num_heads, n)[0],
-                hw=tuple(attn.hw_shape), pool=tuple(pool),
-                extra=attn.num_extra_tokens, topk=attn.mita['topk'])
+                freq=freq.view(b, attn.num_heads, n)[0], hw=hw,
+                pool=options.pool_size, extra=attn.num_extra_tokens,
+                topk=options.topk)
 
         return hook
 

@@ -86,11 +86,12 @@ def training_setting(backbone_cfg):
     compression-only), or None for full attention."""
     if backbone_cfg.get('type') != 'MiTAViT':
         return None
-    from mmseg_mita.models.backbones.mita_vit import MITA_DEFAULTS
-    mita = backbone_cfg.get('mita_cfg', MITA_DEFAULTS)
+    from mmseg_mita.models.backbones.mita_vit import LAYER_KEYS
+    from mmseg_mita.ops.options import DEFAULTS
+    mita = backbone_cfg.get('mita_cfg', LAYER_KEYS)
     if mita is None:
         return None
-    mita = {**MITA_DEFAULTS, **mita}
+    mita = {**DEFAULTS, **mita}
     pool = mita['pool_size']
     if not isinstance(pool, int):
         pool = pool[0] if pool[0] == pool[1] else tuple(pool)

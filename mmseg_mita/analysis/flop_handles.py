@@ -16,6 +16,7 @@ MiTA). The handles here add:
   :func:`mmseg_mita.analysis.mita_as_one_op`) so that tracing records one
   node instead of the backend's data-dependent internals.
 """
+import dataclasses
 from collections import Counter
 from math import prod
 from typing import Any, Dict, List, Sequence
@@ -23,8 +24,8 @@ from typing import Any, Dict, List, Sequence
 import torch
 from mmengine.analysis.jit_handles import get_shape
 
-from mmseg_mita.ops import mita_attention
-from mmseg_mita.utils import check_int_pair
+from mmseg_mita.ops import MiTAOptions, mita_attention
+from mmseg_mita.ops.options import as_options
 
 MITA_OP = 'mmseg_mita_flops::mita_attention'
 
@@ -32,22 +33,27 @@ MITA_OP = 'mmseg_mita_flops::mita_attention'
 MITA_MATMULS = ('mita_key_logits', 'mita_shared_values', 'mita_routing',
                 'mita_routed_logits', 'mita_weighted_sum')
 
+# The op's schema carries every field of MiTAOptions, typed from its value.
+_SCHEMA_TYPES = {int: 'int', bool: 'bool', str: 'str', tuple: 'int[]'}
+_OPTION_FIELDS = [(f.name, _SCHEMA_TYPES[type(f.default)])
+                  for f in dataclasses.fields(MiTAOptions)]
+_ARGS = 3 + 2  # q, k, v, hw, num_extra_tokens come first
+
 _LIB = torch.library.Library('mmseg_mita_flops', 'DEF')
 _LIB.define('mita_attention(Tensor q, Tensor k, Tensor v, int[] hw, '
-            'int num_extra_tokens, int[] pool_size, int topk, '
-            'int experts_per_query, bool shared_expert, bool routed_experts, '
-            'str landmarks, str backend, float dropout_p) -> Tensor')
+            'int num_extra_tokens, ' +
+            ''.join(f'{kind} {name}, ' for name, kind in _OPTION_FIELDS) +
+            'str backend, float dropout_p) -> Tensor')
 
 
-def _mita_impl(q, k, v, hw, num_extra_tokens, pool_size, topk,
-               experts_per_query, shared_expert, routed_experts, landmarks,
-               backend, dropout_p):
+def _mita_impl(q, k, v, hw, num_extra_tokens, *args):
+    *fields, backend, dropout_p = args
+    options = MiTAOptions(**{
+        name: tuple(value) if kind == 'int[]' else value
+        for (name, kind), value in zip(_OPTION_FIELDS, fields)
+    })
     return mita_attention(q, k, v, tuple(hw),
-                          num_extra_tokens=num_extra_tokens,
-                          pool_size=tuple(pool_size), topk=topk,
-                          experts_per_query=experts_per_query,
-                          shared_expert=shared_expert,
-                          routed_experts=routed_experts, landmarks=landmarks,
+                          num_extra_tokens=num_extra_tokens, options=options,
                           backend=backend, dropout_p=dropout_p)
 
 
@@ -65,10 +71,10 @@ def _constant(val: Any) -> Any:
 
 
 def mita_op_flops(batch: int, heads: int, tokens: int, head_dims: int,
-                  num_extra_tokens: int, num_landmarks: int, topk: int,
-                  experts_per_query: int = 1, shared_expert: bool = True,
-                  routed_experts: bool = True) -> Dict[str, int]:
-    """FLOPs of MiTA on ``[batch, heads, tokens, head_dims]`` q/k/v.
+                  num_extra_tokens: int,
+                  options: MiTAOptions) -> Dict[str, int]:
+    """FLOPs of MiTA with ``options`` on ``[batch, heads, tokens,
+    head_dims]`` q/k/v.
 
     With ``C = heads * head_dims``, ``m`` landmarks, ``k = min(topk, N)``
     and ``s`` experts per query: ``R K^T`` (top-k selection, shared
@@ -80,9 +86,10 @@ def mita_op_flops(batch: int, heads: int, tokens: int, head_dims: int,
     values. The landmark pooling reads ``H * W`` queries once.
     """
     c = batch * heads * head_dims
-    n, m = tokens, num_landmarks
-    routed = min(topk, tokens) * experts_per_query if routed_experts else 0
-    shared = m if shared_expert else 0
+    n, m = tokens, options.num_landmarks
+    routed = (min(options.topk, tokens) * options.experts_per_query
+              if options.routed_experts else 0)
+    shared = m if options.shared_expert else 0
     return dict(
         mita_key_logits=m * n * c,
         mita_shared_values=shared * n * c,
@@ -95,14 +102,14 @@ def mita_op_flops(batch: int, heads: int, tokens: int, head_dims: int,
 def mita_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
     """Handle for :data:`MITA_OP`."""
     batch, heads, tokens, head_dims = get_shape(inputs[0])
+    fields = {
+        name: _constant(value)
+        for (name, _), value in zip(_OPTION_FIELDS, inputs[_ARGS:])
+    }
+    options = MiTAOptions(**fields)
     return Counter(
         mita_op_flops(batch, heads, tokens, head_dims,
-                      num_extra_tokens=_constant(inputs[4]),
-                      num_landmarks=prod(_constant(inputs[5])),
-                      topk=_constant(inputs[6]),
-                      experts_per_query=_constant(inputs[7]),
-                      shared_expert=_constant(inputs[8]),
-                      routed_experts=_constant(inputs[9])))
+                      _constant(inputs[4]), options))
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
@@ -131,13 +138,15 @@ ATTENTION_OPS = ('bmm', 'baddbmm', 'matmul', 'einsum',
 
 
 def call_mita_op(q, k, v, hw: Sequence[int], *, num_extra_tokens: int = 1,
-                 pool_size=7, topk: int = 49, experts_per_query: int = 1,
-                 shared_expert: bool = True, routed_experts: bool = True,
-                 landmarks: str = 'patches', backend: str = 'auto',
-                 dropout_p: float = 0.0):
+                 options=None, backend: str = 'auto',
+                 dropout_p: float = 0.0, **option_fields):
     """:func:`mmseg_mita.ops.mita_attention` as the single traced op
     :data:`MITA_OP` (same signature, same result)."""
-    pool = list(check_int_pair(pool_size, 'pool_size'))
+    options = as_options(options, option_fields)
+    fields = [
+        list(value) if isinstance(value, tuple) else value
+        for value in dataclasses.astuple(options)
+    ]
     return torch.ops.mmseg_mita_flops.mita_attention(
-        q, k, v, list(hw), num_extra_tokens, pool, topk, experts_per_query,
-        shared_expert, routed_experts, landmarks, backend, float(dropout_p))
+        q, k, v, list(hw), num_extra_tokens, *fields, backend,
+        float(dropout_p))

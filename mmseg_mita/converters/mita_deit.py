@@ -123,8 +123,15 @@ def training_args_note(obj: Any) -> List[str]:
              or any(word in name.lower() for word in ARG_WORDS)}
     if not shown:
         return []
-    return ['training arguments saved in the checkpoint: ' + ', '.join(
+    notes = ['training arguments saved in the checkpoint: ' + ', '.join(
         f'{name}={value!r}' for name, value in shown.items())]
+    side = shown.get('kv_topk')
+    if isinstance(side, int) and not isinstance(side, bool):
+        notes.append(
+            f'kv_topk={side} is a side length: the authors\' code keeps '
+            f'kv_topk ** 2 = {side * side} keys per expert; use '
+            f'mita_cfg.topk={side * side} (not {side})')
+    return notes
 
 
 def mita_settings_notes(fmt: str, dwc: bool, gate: bool) -> List[str]:
@@ -148,9 +155,14 @@ def mita_settings_notes(fmt: str, dwc: bool, gate: bool) -> List[str]:
     else:
         landmarks = ('landmarks: full-attention weights, any landmarks fit '
                      "(default 'patches')")
-    return [
-        landmarks,
-        'pool_size, topk, layers: not stored in weights (MiTA adds no '
-        'parameters); use those the model was trained with, or those to '
-        'fine-tune with'
-    ]
+    if dwc or gate:
+        sizes = (
+            'pool_size, topk: the authors\' DWC and DWC + gate modules '
+            'hard-code a 5 x 5 landmark grid and 25 keys per expert: '
+            'mita_cfg.pool_size=5, mita_cfg.topk=25 run them as trained (the '
+            'configs fine-tune with the paper\'s m = k = 49); layers: all')
+    else:
+        sizes = ('pool_size, topk, layers: not stored in weights (MiTA adds '
+                 'no parameters); use those the model was trained with, or '
+                 'those to fine-tune with')
+    return [landmarks, sizes]

@@ -1,23 +1,31 @@
 """The MiTA operator. Depends on PyTorch alone: importing it loads neither
-mmseg, mmengine nor mmcv.
+mmseg, mmengine nor mmcv, and changes nothing in any library.
 
-* :func:`mita_attention` (:mod:`.mita_attention`): argument checks, the
-  shared part, backend dispatch;
-* :mod:`.experts`: the shared part (:func:`compute_experts`) and the
-  backend seam (:class:`MiTAExperts`, :data:`Backend`);
-* backends: :mod:`.torch_backend` (pure PyTorch, any device),
-  :mod:`.flash_backend` (flash-attn varlen, CUDA); :mod:`.routing` holds
-  their index bookkeeping;
+* :func:`mita_attention` (:mod:`.mita_attention`): input checks, backend
+  dispatch;
+* :class:`MiTAOptions` (:mod:`.options`): the landmark grid, top-k and
+  variant, validated once where built;
+* :mod:`.backends`: :class:`MiTABackend`, the registry and ``auto``'s
+  priority list; the backends are :mod:`.torch_backend` (pure PyTorch, any
+  device, every option), :mod:`.flash_backend` (flash-attn varlen, CUDA),
+  :mod:`.triton_backend` (fused Triton kernels, optional triton) and
+  :mod:`.export_backend` (standard ONNX operators, with
+  :mod:`.fixed_pooling`); :mod:`.routing` groups queries by expert;
+* :mod:`.experts`: the shared part (:func:`compute_experts`) that the torch
+  and flash backends reuse, and its seam (:class:`MiTAExperts`);
 * :func:`naive_mita` (:mod:`.naive`): the per-query definition the backends
   are tested against.
 """
-from .experts import LANDMARKS, Backend, MiTAExperts, compute_experts
-from .mita_attention import (BACKENDS, check_mita_args, check_variant_args,
-                             mita_attention, resolve_backend)
+from .backends import (AUTO_PRIORITY, REGISTRY, MiTABackend, backend_names,
+                       register_backend, select_backend)
+from .experts import MiTAExperts, compute_experts
+from .mita_attention import check_inputs, mita_attention
 from .naive import naive_mita
+from .options import LANDMARKS, MiTAOptions
 
 __all__ = [
-    'BACKENDS', 'Backend', 'LANDMARKS', 'MiTAExperts', 'check_mita_args',
-    'check_variant_args', 'compute_experts', 'mita_attention', 'naive_mita',
-    'resolve_backend'
+    'AUTO_PRIORITY', 'LANDMARKS', 'MiTABackend', 'MiTAExperts',
+    'MiTAOptions', 'REGISTRY', 'backend_names', 'check_inputs',
+    'compute_experts', 'mita_attention', 'naive_mita', 'register_backend',
+    'select_backend'
 ]

@@ -1,12 +1,14 @@
-"""The part of MiTA that every backend shares, and the seam to backends.
+"""The shared part of MiTA, and the seam to the backends that reuse it.
 
 :func:`compute_experts` computes, once per call, everything that does not
 depend on which experts a query reads: the landmarks, the top-k key
-selection, the shared expert and the routing. A backend then only computes
-each query's one softmax over its compressed and routed logits.
+selection, the shared expert and the routing. A backend that reuses it
+(:func:`~.backends.with_experts`) then only computes each query's one
+softmax over its compressed and routed logits; a backend may also compute
+all of it itself (:mod:`.backends`).
 
-The seam (:data:`Backend`): a backend is a function
-``backend(q, k, v, experts, dropout_p) -> out`` with
+The seam (:data:`ExpertsFn`): such a backend is a function
+``fn(q, k, v, experts, dropout_p) -> out`` with
 
 * ``q``, ``k``, ``v``: ``[B, heads, N, d]``, one dtype; ``out`` the same;
 * ``experts``: a :class:`MiTAExperts` computed from these ``q``, ``k``,
@@ -34,9 +36,9 @@ expert[g, i]`` (best first), every backend returns ``softmax(l) @ w`` where
 What a backend must do with each field (see :class:`MiTAExperts`): use
 ``route_logits`` and ``shared_values`` only when ``shared_values`` is not
 None; read ``expert`` as ``[G, N, s]`` (``s = experts_per_query``, 1 by
-default); and raise ``ValueError`` naming the option and
-``backend='torch'`` for any case it does not compute (for example
-``s > 1``). The reference, written out per query, is
+default). What it does not compute it declares in its
+:class:`~.backends.MiTABackend` (the dispatcher refuses such calls before
+they reach it). The reference, written out per query, is
 :func:`mmseg_mita.ops.naive_mita`.
 """
 from typing import Callable, NamedTuple, Optional, Tuple
@@ -45,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LANDMARKS = ('patches', 'official')
+from .options import MiTAOptions
 
 
 class MiTAExperts(NamedTuple):
@@ -74,7 +76,7 @@ class MiTAExperts(NamedTuple):
         return 0 if self.expert is None else self.expert.shape[-1]
 
 
-Backend = Callable[[Tensor, Tensor, Tensor, MiTAExperts, float], Tensor]
+ExpertsFn = Callable[[Tensor, Tensor, Tensor, MiTAExperts, float], Tensor]
 
 
 def compute_dtype(q: Tensor, v: Tensor) -> torch.dtype:
@@ -103,13 +105,11 @@ def pooled_tokens(num_extra_tokens: int, landmarks: str) -> int:
 
 
 def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
-                    num_extra_tokens: int, pool_size: Tuple[int, int],
-                    topk: int, *, experts_per_query: int = 1,
-                    shared_expert: bool = True, routed_experts: bool = True,
-                    landmarks: str = 'patches') -> MiTAExperts:
+                    num_extra_tokens: int,
+                    options: MiTAOptions) -> MiTAExperts:
     """Landmarks, shared expert, routing and top-k selection of ``q``,
-    ``k``, ``v`` [B, heads, N, d] (arguments already checked, see
-    :func:`~.mita_attention.mita_attention` for the options).
+    ``k``, ``v`` [B, heads, N, d] (arguments already checked by
+    :func:`~.mita_attention.check_inputs`).
 
     ``R K^T`` serves both the top-k selection and the shared expert;
     ``R Q^T`` serves both the routing and the compressed logits.
@@ -117,21 +117,22 @@ def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
     b, h, n, d = q.shape
     g = b * h
     q, k, v = (t.reshape(g, n, d) for t in (q, k, v))
-    first = pooled_tokens(num_extra_tokens, landmarks)
+    first = pooled_tokens(num_extra_tokens, options.landmarks)
     tokens = q[:, first:first + hw[0] * hw[1]]
     grid = tokens.transpose(1, 2).reshape(g, d, *hw)
-    landmarks = F.adaptive_avg_pool2d(grid, pool_size).flatten(2)
+    landmarks = F.adaptive_avg_pool2d(grid, options.pool_size).flatten(2)
     landmarks = landmarks.transpose(1, 2)  # [G, m, d]
     key_logits = landmarks @ k.transpose(1, 2)  # [G, m, N]
     topk_index = expert = shared_values = None
-    if routed_experts:
-        topk_index = key_logits.topk(min(topk, n), dim=-1,
+    if options.routed_experts:
+        topk_index = key_logits.topk(min(options.topk, n), dim=-1,
                                      sorted=False).indices
-    if shared_expert:
+    if options.shared_expert:
         shared_probs = softmax_fp32(key_logits.mul_(d**-0.5))
         shared_values = shared_probs.to(v.dtype) @ v
     route_logits = q @ (landmarks * d**-1).transpose(1, 2)  # [G, N, m]
-    if routed_experts:
-        expert = route_logits.topk(experts_per_query, dim=-1).indices
+    if options.routed_experts:
+        expert = route_logits.topk(options.experts_per_query,
+                                   dim=-1).indices
     return MiTAExperts(landmarks, shared_values, route_logits, expert,
                        topk_index)

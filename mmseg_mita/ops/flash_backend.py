@@ -7,8 +7,8 @@ logits. One call, differentiable through flash-attn's own autograd.
 Routing-only leaves ``s R`` / ``Vt`` out of the key sets; compression-only
 is one sequence per group over ``[s R]`` / ``[Vt]``. Several experts per
 query would need a key set per distinct expert tuple (up to ``N`` of them):
-not done here, ``experts_per_query > 1`` raises ``ValueError`` (use the
-torch backend).
+not done here (the registry, :mod:`.backends`, declares
+``experts_per_query <= 1``; use the torch backend).
 
 Contract (:mod:`.experts`): ``mita_flash(q, k, v, experts, dropout_p)`` for
 fp16/bf16 CUDA tensors with ``head_dim <= 256``, a multiple of 8;
@@ -81,11 +81,12 @@ def _compression_only(q: Tensor, experts: MiTAExperts,
 
 def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                dropout_p: float = 0.0) -> Tensor:
-    if experts.experts_per_query > 1:
-        raise ValueError(
-            "backend='flash' computes experts_per_query=1 only (one softmax "
-            'over the key set of one expert); got experts_per_query='
-            f"{experts.experts_per_query}: use backend='torch' (or 'auto')")
+    """MiTA of ``q``, ``k``, ``v`` [B, heads, N, d] given the shared part
+    ``experts`` (contract in :mod:`.experts`), in one
+    ``flash_attn_varlen_func`` call: every global expert is one varlen
+    sequence of its queries over its key set (:func:`expert_key_sets`);
+    compression-only is one sequence per group. One routed expert per query
+    (declared in :mod:`.backends`); ``dropout_p`` goes to flash-attn."""
     if experts.expert is None:
         return _compression_only(q, experts, dropout_p)
     from flash_attn import flash_attn_varlen_func

@@ -15,43 +15,36 @@ Per head, with ``s = head_dim ** -0.5`` and the ``N`` tokens laid out as
 Every query therefore sees ``m + k`` keys instead of ``N``. The operator has
 no parameters, so a full-attention checkpoint runs under it unchanged.
 
-The paper's variants (options of :func:`mita_attention`): ``s =
+The paper's variants (fields of :class:`~.options.MiTAOptions`): ``s =
 experts_per_query`` routed experts per query (``m + s k`` keys, the top-s
 experts by ``R_j . q_i``, best first, in one softmax), routing-only
 (``shared_expert=False``: the ``s k`` routed keys alone) and
 compression-only (``routed_experts=False``: the ``m`` compressed keys
 alone, i.e. plain attention over ``[s R ; Vt]``).
 
-:func:`mita_attention` checks its arguments, computes the shared part
-(:func:`~.experts.compute_experts`) and hands it to a backend (the seam is
-documented in :mod:`.experts`). The plain per-query definition is
+:func:`mita_attention` checks its inputs and hands them to a backend of
+:mod:`.backends` (most reuse the shared part,
+:func:`~.experts.compute_experts`; the seam is documented there and in
+:mod:`.experts`). The plain per-query definition is
 :func:`~.naive.naive_mita`.
 """
-import importlib.util
-from typing import Dict, Tuple
+from typing import Optional, Tuple
 
-import torch
 from torch import Tensor
 
-from mmseg_mita.utils import IntPair, check_choice, check_int, check_int_pair
-from .experts import LANDMARKS, Backend, compute_experts
-from .export_backend import mita_export
-from .flash_backend import flash_attn_available, mita_flash
-from .torch_backend import mita_torch
-
-BACKENDS = ('auto', 'torch', 'flash', 'triton', 'export')
-
-_BACKEND_FUNCTIONS: Dict[str, Backend] = dict(torch=mita_torch,
-                                              flash=mita_flash)
+from mmseg_mita.utils import IntPair, check_int, check_int_pair
+from .backends import select_backend
+from .options import MiTAOptions, as_options
 
 
-def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
-                    num_extra_tokens: int, pool_size: IntPair,
-                    topk: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
-    """Validate the arguments of :func:`mita_attention`.
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
+                 num_extra_tokens: int,
+                 options: MiTAOptions) -> Tuple[int, int]:
+    """Validate what depends on the inputs (the options are valid by
+    construction): shapes, the patch grid, the landmark grid inside it.
 
-    Returns ``hw`` and ``pool_size`` as pairs; raises ``ValueError`` naming
-    the offending parameter otherwise.
+    Returns ``hw`` as a pair; raises ``ValueError`` naming the offending
+    parameter otherwise.
     """
     if q.dim() != 4:
         raise ValueError('q must have shape [B, num_heads, N, head_dim], '
@@ -71,51 +64,20 @@ def check_mita_args(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
             f'{hw[0]} * {hw[1]} = {num_extra_tokens + hw[0] * hw[1]}; pass '
             'the patch grid of these tokens and the number of extra '
             '(cls) tokens in front of them')
-    check_int(topk, 'topk')
-    pool_size = check_int_pair(pool_size, 'pool_size')
+    pool_size = options.pool_size
     if pool_size[0] > hw[0] or pool_size[1] > hw[1]:
         raise ValueError(
             f'pool_size={pool_size} is larger than the patch grid hw={hw}: '
             'there cannot be more landmarks than patches along an axis; use '
-            f'pool_size <= {hw} (a larger input or a smaller pool_size)')
-    return hw, pool_size
-
-
-def check_variant_args(experts_per_query: int, shared_expert: bool,
-                       routed_experts: bool, landmarks: str,
-                       num_extra_tokens: int, num_landmarks: int,
-                       prefix: str = '') -> None:
-    """Validate the variant options of :func:`mita_attention` (``prefix``
-    goes in front of the parameter names, e.g. ``'mita_cfg.'``)."""
-    check_int(experts_per_query, f'{prefix}experts_per_query')
-    for name, value in (('shared_expert', shared_expert),
-                        ('routed_experts', routed_experts)):
-        if not isinstance(value, bool):
-            raise ValueError(f'{prefix}{name} must be True or False, got '
-                             f'{value!r}')
-    if not (shared_expert or routed_experts):
+            f'pool_size <= {hw} (a larger input or a smaller pool_size, or '
+            'MiTAOptions.fitted(hw))')
+    if options.landmarks == 'official' and num_extra_tokens != 1:
         raise ValueError(
-            f'{prefix}shared_expert and {prefix}routed_experts cannot both '
-            'be False: there would be no key to attend to; keep at least '
-            'one (shared_expert=False is routing-only, routed_experts=False '
-            'compression-only)')
-    if routed_experts and experts_per_query > num_landmarks:
-        raise ValueError(
-            f'{prefix}experts_per_query={experts_per_query} is more than the '
-            f'm={num_landmarks} experts (landmarks); use experts_per_query '
-            f'<= {num_landmarks} or a larger pool_size')
-    if not routed_experts and experts_per_query != 1:
-        raise ValueError(
-            f'{prefix}experts_per_query={experts_per_query} has no effect '
-            f'with {prefix}routed_experts=False (compression-only routes '
-            'no query); leave it at 1')
-    check_choice(landmarks, f'{prefix}landmarks', LANDMARKS)
-    if landmarks == 'official' and num_extra_tokens != 1:
-        raise ValueError(
-            f"{prefix}landmarks='official' pools the first H * W tokens "
-            '(the cls token and all patches but the last), which needs '
-            f'exactly one extra (cls) token, got num_extra_tokens='
-            f"{num_extra_tokens}; use landmarks='patches'")
+            "landmarks='official' pools the first H * W tokens (the cls "
+            'token and all patches but the last), which needs exactly one '
+            f'extra (cls) token, got num_extra_tokens={num_extra_tokens}; '
+            "use landmarks='patches'")
+    return hw
 
 
 def _has_tensors(hw: IntPair) -> bool:
@@ -127,112 +89,50 @@ def _values(hw: IntPair) -> IntPair:
     return tuple(int(s) for s in hw) if _has_tensors(hw) else hw
 
 
-def resolve_backend(backend: str, q: Tensor,
-                    experts_per_query: int = 1) -> str:
-    """Pick a backend: 'flash' for fp16/bf16 CUDA tensors when flash-attn is
-    installed and ``experts_per_query`` is 1 (flash computes one expert per
-    query), 'torch' otherwise."""
-    check_choice(backend, 'backend', BACKENDS)
-    if backend == 'auto':
-        fast = (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-                and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0
-                and experts_per_query <= 1)
-        return 'flash' if fast and flash_attn_available() else 'torch'
-    if backend == 'flash' and not flash_attn_available():
-        raise ValueError(
-            "backend='flash' needs flash-attn on a CUDA machine: install it "
-            "with `pip install -e .[flash]`, or use backend='torch'")
-    if backend == 'triton' and importlib.util.find_spec('triton') is None:
-        raise ValueError(
-            "backend='triton' needs triton (shipped with CUDA builds of "
-            "PyTorch; `pip install triton`), or use backend='torch'")
-    return backend
-
-
 def mita_attention(q: Tensor,
                    k: Tensor,
                    v: Tensor,
                    hw: IntPair,
                    *,
                    num_extra_tokens: int = 1,
-                   pool_size: IntPair = 7,
-                   topk: int = 49,
-                   experts_per_query: int = 1,
-                   shared_expert: bool = True,
-                   routed_experts: bool = True,
-                   landmarks: str = 'patches',
+                   options: Optional[MiTAOptions] = None,
                    backend: str = 'auto',
-                   dropout_p: float = 0.0) -> Tensor:
+                   dropout_p: float = 0.0,
+                   **option_fields) -> Tensor:
     """MiTA attention of ``q``, ``k``, ``v`` of shape [B, heads, N, head_dim].
 
     Args:
         hw: the patch grid (H, W); ``N = num_extra_tokens + H * W``.
         num_extra_tokens: tokens before the patches (the cls token).
-        pool_size: landmark grid (ph, pw) or an int; ``m = ph * pw``.
-        topk: keys per routed expert; ``topk >= N`` means every key.
-        experts_per_query: ``s``, the routed experts of each query (its
-            ``s`` best by ``R_j . q``, at most ``m``); its softmax covers
-            ``m + s * k`` logits, a key chosen by two of its experts twice.
-        shared_expert: ``False`` leaves out the ``m`` compressed keys
-            (routing-only: the softmax covers the ``s * k`` routed keys).
-        routed_experts: ``False`` leaves out the routed keys
-            (compression-only: the softmax covers the ``m`` compressed
-            keys; no top-k is computed).
-        landmarks: ``'patches'`` pools the queries of the ``H x W`` patches;
-            ``'official'`` pools the first ``H * W`` tokens of the sequence
-            laid out on the grid, as the authors' code does (``q[:, :-1]``:
-            the cls token and every patch but the last), and needs exactly
-            one extra token. The default pools each landmark's own cell of
-            patches: under ``'official'`` every window is shifted by one
-            token (each grid cell holds the patch before it, the first cell
-            of a row the last patch of the row above), the cls query is
-            mixed into the first landmark and the last patch into none.
-            Use ``'official'`` for checkpoints trained with the authors'
-            code.
-        backend: 'torch' (any device, any dtype, every option), 'flash'
-            (flash-attn on CUDA, fp16/bf16, ``experts_per_query=1``),
-            'triton' (Triton kernels on CUDA, or on CPU under
-            ``TRITON_INTERPRET=1``; float32/fp16/bf16, head_dim <= 128, the
-            default variant, no dropout), 'export' (standard ONNX operators,
-            forward only, the default variant: see ``export_backend``) or
-            'auto' (flash where it applies,
-            else torch; never 'triton' until a GPU run of
-            ``tools/gpu_check.sh`` has validated it).
+        options: a :class:`~.options.MiTAOptions` (landmark grid, top-k,
+            variant), built and validated once by the caller; or, instead,
+            its fields as keywords (``pool_size=7, topk=49``, validated on
+            every call). The defaults are the paper's m = k = 49.
+        backend: a name of :data:`~.backends.REGISTRY`: 'torch' (any
+            device and dtype, every option), 'flash' (flash-attn on CUDA,
+            fp16/bf16, ``experts_per_query=1``), 'triton' (Triton kernels on
+            CUDA, or on CPU under ``TRITON_INTERPRET=1``; float32/fp16/bf16,
+            head_dim <= 128, the default variant, no dropout), 'export'
+            (standard ONNX operators, inference only, the default variant:
+            see ``export_backend``), or 'auto': the first backend of
+            :data:`~.backends.AUTO_PRIORITY` that can run (flash where it
+            applies, else torch; triton ran correctly on an H200 but is not
+            chosen until it is faster at every size, docs/gpu.md). A
+            backend that cannot run raises ``ValueError`` with every
+            reason.
         dropout_p: dropout on the attention probabilities.
 
     Returns:
         Tensor of the shape of ``q``.
     """
+    options = as_options(options, option_fields)
     # Under ONNX export tracing, hw holds traced sizes: check their values,
-    # and let the export backend compute with the traced sizes.
+    # and let a backend that computes with traced sizes have them.
     traced_hw = hw if _has_tensors(hw) else None
-    hw, pool_size = check_mita_args(q, k, v, _values(hw), num_extra_tokens,
-                                    pool_size, topk)
-    check_variant_args(experts_per_query, shared_expert, routed_experts,
-                       landmarks, num_extra_tokens,
-                       pool_size[0] * pool_size[1])
+    hw = check_inputs(q, k, v, _values(hw), num_extra_tokens, options)
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
-    backend = resolve_backend(backend, q, experts_per_query)
-    if backend == 'export':
-        if dropout_p > 0:
-            raise ValueError("backend='export' is inference only: use "
-                             'dropout_p=0 (call model.eval() before export)')
-        if (experts_per_query, shared_expert, routed_experts,
-                landmarks) != (1, True, True, 'patches'):
-            raise ValueError(
-                "backend='export' computes the default variant only "
-                "(experts_per_query=1, shared_expert=True, "
-                "routed_experts=True, landmarks='patches')")
-        return mita_export(q, k, v, traced_hw or hw, num_extra_tokens,
-                           pool_size, topk)
-    if backend == 'triton':  # optional dependency: imported on use
-        from .triton_backend import mita_triton as run
-    else:
-        run = _BACKEND_FUNCTIONS[backend]
-    experts = compute_experts(q, k, v, hw, num_extra_tokens, pool_size, topk,
-                              experts_per_query=experts_per_query,
-                              shared_expert=shared_expert,
-                              routed_experts=routed_experts,
-                              landmarks=landmarks)
-    return run(q, k, v, experts, dropout_p)
+    chosen = select_backend(backend, q, k, v, options, dropout_p)
+    if chosen.traced_sizes and traced_hw is not None:
+        hw = traced_hw
+    return chosen.run(q, k, v, hw, num_extra_tokens, options, dropout_p)

@@ -23,25 +23,30 @@ Every product of two vectors is a matrix product here (scores of one query
 are ``q_i @ M^T``, one ``mm``), so counting the matmuls of this function
 counts MiTA's multiply-adds (``tests/analysis/test_flops.py``).
 """
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mmseg_mita.utils import IntPair, check_int_pair
 from .experts import pooled_tokens
+from .options import MiTAOptions, as_options
 
 
 def naive_mita(q: Tensor, k: Tensor, v: Tensor, hw: IntPair, *,
-               num_extra_tokens: int = 1, pool_size: IntPair = 7,
-               topk: int = 49, experts_per_query: int = 1,
-               shared_expert: bool = True, routed_experts: bool = True,
-               landmarks: str = 'patches') -> Tensor:
+               num_extra_tokens: int = 1,
+               options: Optional[MiTAOptions] = None,
+               **option_fields) -> Tensor:
     """MiTA of ``q``, ``k``, ``v`` [B, heads, N, d], one query at a time,
-    in the inputs' dtype (use float64 for a reference). Differentiable."""
+    in the inputs' dtype (use float64 for a reference). Differentiable.
+    ``options`` (or its fields as keywords) as for
+    :func:`~.mita_attention.mita_attention`."""
+    options = as_options(options, option_fields)
     b, h, n, d = q.shape
     hw = check_int_pair(hw, 'hw')
-    pool_size = check_int_pair(pool_size, 'pool_size')
-    first = pooled_tokens(num_extra_tokens, landmarks)
+    pool_size, topk = options.pool_size, options.topk
+    first = pooled_tokens(num_extra_tokens, options.landmarks)
     s = d**-0.5
     rows = []
     for bi in range(b):
@@ -51,16 +56,16 @@ def naive_mita(q: Tensor, k: Tensor, v: Tensor, hw: IntPair, *,
             marks = F.adaptive_avg_pool2d(grid, pool_size).reshape(d, -1).T
             key_scores = marks @ kh.T
             chosen = key_scores.topk(min(topk, n), dim=-1).indices
-            if shared_expert:
+            if options.shared_expert:
                 shared_values = torch.softmax(s * key_scores, dim=-1) @ vh
             for i in range(n):
                 scores = qh[i] @ marks.T  # routing and compressed logits
                 logits, values = [], []
-                if shared_expert:
+                if options.shared_expert:
                     logits.append(s * s * scores)
                     values.append(shared_values)
-                if routed_experts:
-                    for e in scores.topk(experts_per_query).indices:
+                if options.routed_experts:
+                    for e in scores.topk(options.experts_per_query).indices:
                         logits.append(s * (qh[i] @ kh[chosen[e]].T))
                         values.append(vh[chosen[e]])
                 p = torch.softmax(torch.cat(logits), dim=0)

@@ -36,6 +36,13 @@ def check_int_pair(value: IntPair, name: str,
     return pair
 
 
+def check_flag(value, name: str) -> bool:
+    """A bool (not 0 or 1)."""
+    if not isinstance(value, bool):
+        raise ValueError(f'{name} must be True or False, got {value!r}')
+    return value
+
+
 def check_choice(value, name: str, choices: Sequence) -> object:
     """One of ``choices``."""
     if value not in choices:

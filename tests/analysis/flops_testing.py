@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 
 from mmseg_mita.analysis import attention_flops, flop_analyzer, mita_as_one_op
+from mmseg_mita.models.backbones import MiTAEncoderLayer
 
 
 class OneLayer(nn.Module):
@@ -11,10 +12,12 @@ class OneLayer(nn.Module):
     def __init__(self, vit, hw):
         super().__init__()
         self.layer = vit.layers[0]
-        self.layer.attn.hw_shape = hw
+        self.hw = hw
 
     def forward(self, x):
-        return self.layer(x)
+        if isinstance(self.layer, MiTAEncoderLayer):
+            return self.layer(x, self.hw)
+        return self.layer(x)  # mmseg's own layer
 
 
 def layer_counts(vit, b, hw, c):

@@ -7,13 +7,18 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mmseg_mita.analysis import mita_op_flops
 from mmseg_mita.models import MiTAViT
-from mmseg_mita.ops import naive_mita
+from mmseg_mita.ops import MiTAOptions, naive_mita
 
 VARIANTS = [
     # experts_per_query, shared_expert, routed_experts
     (1, True, True), (2, True, True), (3, True, True), (1, False, True),
     (2, False, True), (1, True, False)
 ]
+
+
+def _options(pool, topk, s, shared, routed):
+    return MiTAOptions(pool_size=pool, topk=topk, experts_per_query=s,
+                       shared_expert=shared, routed_experts=routed)
 
 
 def _matmul_part(flops):
@@ -42,8 +47,8 @@ def test_closed_form_counts_the_specification(b, h, hw, extra, pool, topk,
     counted = _counted_multiply_adds(lambda: naive_mita(
         q, k, v, hw, num_extra_tokens=extra, pool_size=pool, topk=topk,
         experts_per_query=s, shared_expert=shared, routed_experts=routed))
-    closed = mita_op_flops(b, h, n, d, extra, pool[0] * pool[1], topk, s,
-                           shared, routed)
+    closed = mita_op_flops(b, h, n, d, extra, _options(pool, topk, s,
+                                                       shared, routed))
     assert _matmul_part(closed) == counted
     assert closed['mita_landmark_pool'] == b * h * d * hw[0] * hw[1]
 
@@ -53,7 +58,7 @@ def test_variants_cost_what_the_paper_says():
     # plus 3 m (2 m without a shared expert) for the landmark matmuls.
     n, m, k = 1025, 49, 49
     cost = {
-        v: _matmul_part(mita_op_flops(1, 1, n, 1, 1, m, k, *v)) / n
+        v: _matmul_part(mita_op_flops(1, 1, n, 1, 1, _options(7, k, *v))) / n
         for v in VARIANTS
     }
     assert cost[(1, True, True)] == 4 * m + 2 * k
@@ -72,5 +77,6 @@ def test_traced_layer_counts_the_variant(s, shared, routed):
                                 routed_experts=routed))
     count, _, calls = layer_counts(vit, 2, hw, c)
     assert calls == 1
-    closed = mita_op_flops(2, 3, 36, 16, 1, 6, 9, s, shared, routed)
+    closed = mita_op_flops(2, 3, 36, 16, 1,
+                           _options((2, 3), 9, s, shared, routed))
     assert count == _matmul_part(closed)

@@ -357,4 +357,17 @@ def test_cli_prints_variant_and_mita_settings(tmp_path, capsys, name,
     assert f'gate:           {gate}' in out
     assert ('dwc=True,' in out) == dwc and ('gate=True,' in out) == gate
     assert landmarks in out
-    assert 'pool_size, topk, layers: not stored in weights' in out
+    if dwc or gate:  # the authors' modules hard-code m = k = 25
+        assert 'mita_cfg.pool_size=5, mita_cfg.topk=25 run them' in out
+    else:
+        assert 'pool_size, topk, layers: not stored in weights' in out
+
+
+def test_kv_topk_is_read_as_a_side_length():
+    from argparse import Namespace
+
+    from mmseg_mita.converters.mita_deit import training_args_note
+    notes = training_args_note({'args': Namespace(kv_topk=7, lr=1e-3)})
+    assert notes[0] == ('training arguments saved in the checkpoint: '
+                        'kv_topk=7')
+    assert 'use mita_cfg.topk=49 (not 7)' in notes[1]

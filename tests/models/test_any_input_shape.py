@@ -9,21 +9,37 @@ from mmseg.apis import inference_model, init_model
 
 from mmseg_mita.models import MiTAViT
 from mmseg_mita.models.backbones import mita_vit
-from mmseg_mita.ops import mita_attention
+from mmseg_mita.ops import MiTAOptions, mita_attention
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SMALL = dict(img_size=(32, 32), patch_size=8, embed_dims=32, num_layers=2,
              num_heads=2)
 
 
-@pytest.mark.parametrize('pool,hw,fitted', [
-    ((4, 4), (3, 12), (3, 4)),
-    ((7, 7), (2, 128), (2, 7)),
-    ((7, 7), (1, 1), (1, 1)),
-    ((2, 3), (5, 5), (2, 3)),
+@pytest.mark.parametrize('pool,s,hw,fitted', [
+    ((4, 4), 1, (3, 12), ((3, 4), 1)),
+    ((7, 7), 3, (2, 128), ((2, 7), 3)),
+    ((7, 7), 3, (1, 1), ((1, 1), 1)),
+    ((2, 3), 5, (5, 5), ((2, 3), 5)),
+    ((2, 2), 3, (1, 2), ((1, 2), 2)),  # s reduced to the fitted m
 ])
-def test_fit_pool_size(pool, hw, fitted):
-    assert mita_vit.fit_pool_size(pool, hw) == fitted
+def test_options_fitted_to_a_small_grid(pool, s, hw, fitted):
+    got = MiTAOptions(pool_size=pool, topk=4, experts_per_query=s).fitted(hw)
+    assert (got.pool_size, got.experts_per_query) == fitted
+
+
+def test_small_image_with_more_experts_per_query_than_landmarks():
+    # An 8 x 16 image: a 1 x 2 patch grid, so pool_size=2 fits to m = 2
+    # landmarks and experts_per_query=3 to 2 (each query then sees both
+    # experts): a segmentation, not an error.
+    torch.manual_seed(0)
+    model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=2, topk=2,
+                                           experts_per_query=3)).eval()
+    x = torch.randn(1, 3, 8, 16)
+    (out, ) = model(x)
+    assert out.shape == (1, 32, 1, 2)
+    model.set_mita(dict(pool_size=(1, 2), topk=2, experts_per_query=2))
+    torch.testing.assert_close(model(x)[0], out)
 
 
 @pytest.mark.parametrize('size,grid,pool', [
@@ -37,12 +53,11 @@ def test_small_grids_use_one_landmark_per_patch(monkeypatch, size, grid,
     calls = []
 
     def recording(q, k, v, hw, **kwargs):
-        calls.append((hw, kwargs['pool_size']))
+        calls.append((hw, kwargs['options'].pool_size))
         return mita_attention(q, k, v, hw, **kwargs)
 
     monkeypatch.setattr(mita_vit, 'mita_attention', recording)
-    model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=4, topk=5))
-    model.eval()  # mmseg's ViT.train() returns None: no chaining
+    model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=4, topk=5)).eval()
     (out, ) = model(torch.randn(1, 3, *size))
     assert out.shape == (1, 32, *grid)
     assert calls == [(grid, pool)] * 2
@@ -51,9 +66,8 @@ def test_small_grids_use_one_landmark_per_patch(monkeypatch, size, grid,
 def test_small_grid_layer_is_mita_with_the_fitted_grid():
     model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=4, topk=5))
     attn = model.layers[0].attn.eval()
-    attn.hw_shape = (2, 9)
     x = torch.randn(2, 1 + 18, 32)
-    got = attn(x)
+    got = attn(x, hw_shape=(2, 9))
     mha = attn.attn
     qkv = torch.nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias)
     q, k, v = qkv.view(2, 19, 3, 2, 16).permute(2, 0, 3, 1, 4)
@@ -141,6 +155,10 @@ def test_issue_example_grid_smaller_than_the_landmark_grid():
         device='cpu', cfg_options=dict(test_pipeline=pipeline))
     image = np.random.default_rng(0).integers(0, 256, (37, 203, 3),
                                               dtype=np.uint8)
+    grids = []
+    model.backbone.layers[0].attn.register_forward_pre_hook(
+        lambda attn, args, kwargs: grids.append(kwargs['hw_shape']),
+        with_kwargs=True)
     result = inference_model(model, image)
     assert result.pred_sem_seg.shape == (37, 203)
-    assert model.backbone.layers[0].attn.hw_shape == (4, 12)
+    assert grids == [(4, 12)]

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from mmseg.models.backbones import VisionTransformer
 
 from mmseg_mita.models import MiTAViT
-from mmseg_mita.ops import mita_attention
+from mmseg_mita.models.backbones.mita_vit import MiTALayerConfig
+from mmseg_mita.ops import MiTAOptions, mita_attention
 
 SMALL = dict(img_size=(32, 48), patch_size=8, embed_dims=32, num_layers=3,
              num_heads=2, out_indices=(0, 2))
@@ -19,8 +20,7 @@ def _vit_pair(**mita_kwargs):
     mita = MiTAViT(**SMALL, **mita_kwargs)
     mita.load_state_dict(vit.state_dict(), strict=True)
     vit.eval()  # mmseg's ViT.train() returns None, so no chaining
-    mita.eval()
-    return vit, mita
+    return vit, mita.eval()
 
 
 def test_state_dict_keys_are_mmseg_vit_keys():
@@ -118,16 +118,17 @@ def test_layers_and_set_mita():
     assert [layer.attn.mita is not None for layer in model.layers] == \
         [False, True, False]
     model.set_mita(dict(pool_size=3, topk=9))
-    assert all(layer.attn.mita == dict(
-        pool_size=(3, 3), topk=9, experts_per_query=1, shared_expert=True,
-        routed_experts=True, landmarks='patches', backend='auto')
-               for layer in model.layers)
+    want = MiTALayerConfig(MiTAOptions(pool_size=(3, 3), topk=9), 'auto')
+    assert all(layer.attn.mita == want for layer in model.layers)
+    # one options object, validated once, shared by the layers
+    assert len({id(layer.attn.mita.options) for layer in model.layers}) == 1
     model.set_mita(None)
     assert all(layer.attn.mita is None for layer in model.layers)
 
 
 @pytest.mark.parametrize('cfg,match', [
     (dict(pool=7), r"unknown keys \['pool'\]"),
+    (dict(dwc=True), 'dwc and gate are arguments of the backbone'),
     (dict(topk=0), 'topk'),
     (dict(pool_size=0), 'pool_size'),
     (dict(layers=[0, 3]), r'layers \[3\] are out of range'),
@@ -144,3 +145,21 @@ def test_pool_size_larger_than_grid_uses_one_landmark_per_patch():
     model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=7, topk=4))
     outs = model(torch.randn(1, 3, 32, 48))  # a 4 x 6 grid
     assert [o.shape for o in outs] == [torch.Size([1, 32, 4, 6])] * 2
+
+
+def test_train_and_eval_return_the_module():
+    model = MiTAViT(**SMALL, norm_eval=True)
+    assert model.eval() is model and not model.training
+    assert model.train() is model and model.training
+    # norm_eval keeps mmseg's behaviour: LayerNorms stay in eval mode
+    assert not model.layers[0].ln1.training
+
+
+def test_no_forward_hooks_and_no_state_written_in_forward():
+    model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=2, topk=4)).eval()
+    modules = list(model.modules())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    before = {id(m): dict(vars(m)) for m in modules}
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 48))
+    assert {id(m): dict(vars(m)) for m in modules} == before

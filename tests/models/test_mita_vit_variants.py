@@ -23,8 +23,7 @@ def test_layer_computes_the_variant(variant):
     model.eval()  # mmseg's ViT.train() returns None, so no chaining
     layer = model.layers[0]
     x = torch.randn(2, 1 + 4 * 6, 32)
-    layer.attn.hw_shape = (4, 6)
-    got = layer.attn(x, identity=x)
+    got = layer.attn(x, identity=x, hw_shape=(4, 6))
 
     mha = layer.attn.attn
     qkv = torch.nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias)

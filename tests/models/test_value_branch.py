@@ -79,28 +79,24 @@ def test_conv_reads_the_patch_values_as_an_image(extra_tokens):
     torch.testing.assert_close(got, expected)
 
 
-def test_flags_through_mita_cfg():
-    model = MiTAViT(**SMALL, mita_cfg=dict(dwc=True, topk=4))
+def test_flags_are_backbone_arguments_only():
+    model = MiTAViT(**SMALL, dwc=True, mita_cfg=dict(topk=4))
     assert model.dwc and not model.gate
     assert model.layers[2].attn.dwc is not None
     assert model.layers[2].attn.gate_proj is None
-    assert model.mita_cfg['dwc'] and not model.mita_cfg['gate']
-    # the argument and mita_cfg both switch it on; False asks for nothing
-    model = MiTAViT(**SMALL, gate=True, mita_cfg=dict(topk=4, gate=False))
-    assert model.gate and model.mita_cfg['gate']
+    model = MiTAViT(**SMALL, gate=True, mita_cfg=dict(topk=4))
     model.set_mita(None)  # full attention keeps the branch
     assert model.layers[0].attn.gate_proj is not None
     model.eval()
     assert model(torch.randn(1, 3, 32, 48))[0].shape == (1, 32, 4, 6)
-    with pytest.raises(ValueError, match='build it with dwc=True'):
+    # one place: mita_cfg does not take them
+    with pytest.raises(ValueError, match=r'MiTAViT\(dwc=True, gate=True\)'):
         model.set_mita(dict(dwc=True))
 
 
 @pytest.mark.parametrize('kwargs,match', [
     (dict(dwc=1), 'dwc must be True or False, got 1'),
     (dict(gate='yes'), 'gate must be True or False'),
-    (dict(mita_cfg=dict(dwc=0)), 'mita_cfg.dwc must be True or False'),
-    (dict(mita_cfg=dict(gate=None)), 'mita_cfg.gate must be True or False'),
 ])
 def test_bad_flags(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -124,8 +120,7 @@ def test_conv_needs_the_patch_grid():
     attn = model.layers[0].attn
     x = torch.randn(1, 1 + 4 * 6, 32)
     with pytest.raises(ValueError, match='needs the patch grid'):
-        attn(x)  # never run through the backbone: no grid recorded
-    attn.hw_shape = (5, 5)
+        attn(x)  # called without the grid
     with pytest.raises(ValueError, match=r'of the 24 patch tokens, got '
                        r'\(5, 5\)'):
-        attn(x)
+        attn(x, hw_shape=(5, 5))

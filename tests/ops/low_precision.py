@@ -18,7 +18,7 @@ the dtype instead of being guessed.
 """
 import torch
 
-from mmseg_mita.ops import compute_experts
+from mita_testing import experts_of
 from mmseg_mita.ops.torch_backend import mita_torch
 
 
@@ -37,14 +37,14 @@ def fixed_routing_errors(backend_fns, inputs, hw, extra, pool, topk, dtype,
     so that both sides start from the same values); ``pool`` a pair.
     """
     leaves = [t.detach().requires_grad_() for t in inputs]
-    experts = compute_experts(*leaves, hw, extra, pool, topk)
+    experts = experts_of(*leaves, hw, extra, pool, topk)
     ref = mita_torch(*leaves, experts)
     gen = torch.Generator().manual_seed(seed)
     grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
     want = [ref] + list(torch.autograd.grad(ref, leaves, grad))
 
     low = [t.detach().to(device, dtype).requires_grad_() for t in inputs]
-    low_experts = compute_experts(*low, hw, extra, pool, topk)._replace(
+    low_experts = experts_of(*low, hw, extra, pool, topk)._replace(
         expert=experts.expert.to(device),
         topk_index=experts.topk_index.to(device))
     errors = {}

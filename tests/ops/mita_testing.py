@@ -2,7 +2,7 @@
 the operator tests (low-precision comparisons: ``low_precision.py``)."""
 import torch
 
-from mmseg_mita.ops import naive_mita
+from mmseg_mita.ops import MiTAOptions, compute_experts, naive_mita
 
 
 def random_qkv(b, h, n, d, dtype=torch.float64, seed=0, device='cpu'):
@@ -24,6 +24,14 @@ def aligned_qkv(b, h, n, d, spread=0.01, seed=3):
                                     dtype=torch.float64)
     k, v = random_qkv(b, h, n, d, seed=seed + 1)[:2]
     return [q.requires_grad_(), k, v]
+
+
+def experts_of(q, k, v, hw, extra, pool, topk, **variant):
+    """:func:`compute_experts` with positional options (the test tables'
+    order) and the variant's fields as keywords."""
+    return compute_experts(
+        q, k, v, hw, extra,
+        MiTAOptions(pool_size=pool, topk=topk, **variant))
 
 
 def reference(q, k, v, hw, extra, pool, topk):

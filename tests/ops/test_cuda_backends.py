@@ -14,9 +14,9 @@ import importlib.util
 import pytest
 import torch
 from low_precision import assert_as_accurate_as_torch, relative_error
-from mita_testing import aligned_qkv, random_qkv
+from mita_testing import aligned_qkv, experts_of, random_qkv
 
-from mmseg_mita.ops import compute_experts, mita_attention, resolve_backend
+from mmseg_mita.ops import MiTAOptions, mita_attention, select_backend
 from mmseg_mita.ops.flash_backend import flash_attn_available, mita_flash
 
 from mita_testing import reference as reference_mita
@@ -108,7 +108,7 @@ def test_one_expert_gets_every_query_on_cuda():
     n = 1 + hw[0] * hw[1]
     inputs = [t.detach().float().double().requires_grad_()
               for t in aligned_qkv(1, 2, n, d)]
-    experts = compute_experts(*inputs, hw, 1, (3, 3), 20)
+    experts = experts_of(*inputs, hw, 1, (3, 3), 20)
     assert (experts.expert == experts.expert[:, :1]).all()
     ref, ref_grads, grad = _reference(inputs, hw, 1, 3, 20)
     for backend in FP32_BACKENDS:
@@ -184,5 +184,6 @@ def test_auto_keeps_the_torch_backend_without_flash():
     # 'auto' may choose triton only after a GPU run validated it.
     q = torch.randn(1, 1, 17, 64, device='cuda', dtype=torch.bfloat16)
     want = 'flash' if flash_attn_available() else 'torch'
-    assert resolve_backend('auto', q) == want
-    assert resolve_backend('auto', q.float()) == 'torch'
+    for x, name in ((q, want), (q.float(), 'torch')):
+        assert select_backend('auto', x, x, x, MiTAOptions(),
+                              0.0).name == name

@@ -8,9 +8,10 @@ is checked where CUDA and flash-attn are present.
 import pytest
 import torch
 from low_precision import assert_as_accurate_as_torch
-from mita_testing import assert_matches_reference, random_qkv, reference
+from mita_testing import (assert_matches_reference, experts_of, random_qkv,
+                          reference)
 
-from mmseg_mita.ops import compute_experts, mita_attention
+from mmseg_mita.ops import MiTAOptions, mita_attention, select_backend
 from mmseg_mita.ops.flash_backend import flash_attn_available, mita_flash
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -30,7 +31,7 @@ def test_flash_bookkeeping_with_plain_varlen_attention(
     n = extra + hw[0] * hw[1]
     q, k, v = random_qkv(b, h, n, 8)
     pool_pair = (pool, pool) if isinstance(pool, int) else pool
-    experts = compute_experts(q, k, v, hw, extra, pool_pair, topk)
+    experts = experts_of(q, k, v, hw, extra, pool_pair, topk)
     assert_matches_reference(mita_flash(q, k, v, experts),
                              reference(q, k, v, hw, extra, pool, topk),
                              (q, k, v))
@@ -56,10 +57,10 @@ def test_flash_backend_as_accurate_as_torch_on_cuda(dtype):
 
 @needs_flash
 def test_auto_picks_flash_for_half_on_cuda():
-    from mmseg_mita.ops import resolve_backend
     q = torch.randn(1, 1, 17, 64, device='cuda', dtype=torch.float16)
-    assert resolve_backend('auto', q) == 'flash'
-    assert resolve_backend('auto', q.float()) == 'torch'
+    for x, want in ((q, 'flash'), (q.float(), 'torch')):
+        assert select_backend('auto', x, x, x, MiTAOptions(),
+                              0.0).name == want
 
 
 @needs_cuda

@@ -13,9 +13,9 @@ and, at N = 82, one expert holding every query.
 import pytest
 import torch
 from low_precision import assert_as_accurate_as_torch, relative_error
-from mita_testing import aligned_qkv, random_qkv
+from mita_testing import aligned_qkv, experts_of, random_qkv
 
-from mmseg_mita.ops import compute_experts, mita_attention
+from mmseg_mita.ops import mita_attention
 from mmseg_mita.ops.routing import sort_by_expert
 
 pytest.importorskip('triton',
@@ -79,7 +79,7 @@ def test_one_expert_gets_every_query():
     n = 1 + hw[0] * hw[1]
     q, k, v = (t.detach().float().double().requires_grad_()
                for t in aligned_qkv(1, 2, n, d))
-    experts = compute_experts(q, k, v, hw, 1, (3, 3), 5)
+    experts = experts_of(q, k, v, hw, 1, (3, 3), 5)
     assert (experts.expert == experts.expert[:, :1]).all()
     grad = torch.randn(q.shape, dtype=torch.float64)
     ref, ref_grads = _reference(q, k, v, hw, 1, 3, 5, grad)

@@ -1,16 +1,14 @@
 """The paper's variants of MiTA (several experts per query, routing-only,
 compression-only, the authors' landmark convention) against the dense
 float64 per-query reference, and against hand-written formulas."""
-import importlib
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
-from mita_testing import aligned_qkv, assert_matches_reference, random_qkv
+from mita_testing import (aligned_qkv, assert_matches_reference, experts_of,
+                          random_qkv)
 
-from mmseg_mita.ops import (compute_experts, mita_attention, naive_mita,
-                            resolve_backend)
+from mmseg_mita.ops import (MiTAOptions, mita_attention, naive_mita,
+                            select_backend)
 from mmseg_mita.ops.flash_backend import mita_flash
 
 SHAPES = [
@@ -64,7 +62,7 @@ def test_same_experts_for_every_query(shared):
     hw, d = (8, 8), 8
     n = 1 + hw[0] * hw[1]
     q, k, v = aligned_qkv(1, 2, n, d, spread=0.003)
-    experts = compute_experts(q, k, v, hw, 1, (3, 3), 5, experts_per_query=2)
+    experts = experts_of(q, k, v, hw, 1, (3, 3), 5, experts_per_query=2)
     assert (experts.expert == experts.expert[:, :1]).all()
     _assert_matches_reference(q, k, v, hw,
                               **_options(2, shared, True, 'patches', 1, 3, 5))
@@ -72,8 +70,8 @@ def test_same_experts_for_every_query(shared):
 
 def test_experts_come_best_first():
     q, k, v = random_qkv(2, 2, 26, 8)
-    experts = compute_experts(q, k, v, (5, 5), 1, (2, 2), 3,
-                              experts_per_query=3)
+    experts = experts_of(q, k, v, (5, 5), 1, (2, 2), 3,
+                         experts_per_query=3)
     scores = experts.route_logits.gather(-1, experts.expert)
     assert experts.expert.shape == (4, 26, 3)
     assert (scores[..., :-1] > scores[..., 1:]).all()
@@ -109,9 +107,9 @@ def test_official_landmarks_pool_the_sequence_without_its_last_token():
     hw, pool = (6, 4), (3, 2)
     q, k, v = random_qkv(2, 3, 1 + 24, 8)
     want = _hand_pooled_official(q, hw, pool)
-    got = compute_experts(q, k, v, hw, 1, pool, 5, landmarks='official')
+    got = experts_of(q, k, v, hw, 1, pool, 5, landmarks='official')
     torch.testing.assert_close(got.landmarks, want, rtol=1e-12, atol=1e-12)
-    patches = compute_experts(q, k, v, hw, 1, pool, 5).landmarks
+    patches = experts_of(q, k, v, hw, 1, pool, 5).landmarks
     assert not torch.allclose(patches, want)
 
     # End to end, compression-only written out by hand with these
@@ -129,12 +127,12 @@ def test_official_landmarks_pool_the_sequence_without_its_last_token():
 
 def test_compression_only_needs_no_top_k():
     q, k, v = random_qkv(1, 2, 17, 8)
-    experts = compute_experts(q, k, v, (4, 4), 1, (2, 2), 3,
-                              routed_experts=False)
+    experts = experts_of(q, k, v, (4, 4), 1, (2, 2), 3,
+                         routed_experts=False)
     assert experts.expert is None and experts.topk_index is None
     assert experts.experts_per_query == 0
-    experts = compute_experts(q, k, v, (4, 4), 1, (2, 2), 3,
-                              shared_expert=False)
+    experts = experts_of(q, k, v, (4, 4), 1, (2, 2), 3,
+                         shared_expert=False)
     assert experts.shared_values is None
 
 
@@ -197,14 +195,17 @@ def test_bad_variant_arguments_name_the_parameter(kwargs, match):
         mita_attention(q, q, q, args.pop('hw'), **args)
 
 
-def test_auto_backend_takes_torch_for_several_experts(monkeypatch):
-    # What 'auto' decides for an fp16 CUDA input (described, not allocated).
-    module = importlib.import_module('mmseg_mita.ops.mita_attention')
-    monkeypatch.setattr(module, 'flash_attn_available', lambda: True)
-    q = SimpleNamespace(is_cuda=True, dtype=torch.float16,
-                        shape=(1, 1, 17, 64))
-    assert resolve_backend('auto', q) == 'flash'
-    assert resolve_backend('auto', q, experts_per_query=2) == 'torch'
+def test_auto_backend_takes_torch_for_several_experts(plain_flash):
+    # flash first where it can run (the stand-in runs on fp16 CPU tensors),
+    # the torch backend where it cannot (s = 2).
+    q = torch.randn(1, 1, 17, 64, dtype=torch.float16)
+
+    def chosen(**fields):
+        return select_backend('auto', q, q, q, MiTAOptions(**fields),
+                              0.0).name
+
+    assert chosen() == 'flash'
+    assert chosen(experts_per_query=2) == 'torch'
 
 
 @pytest.mark.parametrize('shared,routed,landmarks', [
@@ -215,17 +216,17 @@ def test_flash_bookkeeping_of_the_ablations(plain_flash, shared, routed,
     hw = (5, 7)
     q, k, v = random_qkv(2, 2, 36, 8)
     options = _options(1, shared, routed, landmarks, 1, (2, 3), 6)
-    experts = compute_experts(q, k, v, hw, 1, (2, 3), 6,
-                              shared_expert=shared, routed_experts=routed,
-                              landmarks=landmarks)
+    experts = experts_of(q, k, v, hw, 1, (2, 3), 6,
+                         shared_expert=shared, routed_experts=routed,
+                         landmarks=landmarks)
     assert_matches_reference(mita_flash(q, k, v, experts),
                              naive_mita(q, k, v, hw, **options), (q, k, v))
 
 
 def test_flash_refuses_several_experts_per_query(plain_flash):
     q, k, v = random_qkv(1, 1, 17, 8)
-    experts = compute_experts(q, k, v, (4, 4), 1, (2, 2), 3,
-                              experts_per_query=2)
-    with pytest.raises(ValueError,
-                       match="experts_per_query=2.*backend='torch'"):
-        mita_flash(q, k, v, experts)
+    with pytest.raises(ValueError, match="backend='flash' cannot compute "
+                       r"this call: computes experts_per_query <= 1, got 2.*"
+                       "backend='torch'"):
+        mita_attention(q, k, v, (4, 4), pool_size=2, topk=3,
+                       experts_per_query=2, backend='flash')

@@ -253,6 +253,7 @@ def test_cfg_options_swap_the_attention(repo_root, config, options,
     init_default_scope('mmseg')
     backbone = MODELS.build(cfg.model.backbone)
     for layer in backbone.layers:
-        got = layer.attn.mita and {k: layer.attn.mita[k]
-                                   for k in ('pool_size', 'topk')}
+        options = layer.attn.mita and layer.attn.mita.options
+        got = options and dict(pool_size=options.pool_size,
+                               topk=options.topk)
         assert got == expected

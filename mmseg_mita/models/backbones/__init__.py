@@ -1,3 +1,6 @@
-from .mita_vit import MiTAMultiheadAttention, MiTAViT, parse_mita_cfg
+from .mita_vit import (MiTAEncoderLayer, MiTAMultiheadAttention, MiTAViT,
+                       parse_mita_cfg)
 
-__all__ = ['MiTAMultiheadAttention', 'MiTAViT', 'parse_mita_cfg']
+__all__ = [
+    'MiTAEncoderLayer', 'MiTAMultiheadAttention', 'MiTAViT', 'parse_mita_cfg'
+]

@@ -1,72 +1,71 @@
-"""MiTA-ViT: mmseg's VisionTransformer with MiTA attention in chosen layers."""
+"""MiTA-ViT: mmseg's VisionTransformer with MiTA attention in chosen layers.
+
+The layers are :class:`MiTAEncoderLayer`, mmseg's ``TransformerEncoderLayer``
+whose ``build_attn`` builds :class:`MiTAMultiheadAttention` (as mmseg's
+``MAETransformerEncoderLayer`` overrides it) and whose forward takes the
+patch grid as an argument: no hook, nothing written during forward.
+"""
+import dataclasses
+import inspect
 import warnings
 from typing import Optional, Sequence, Tuple
 
+import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks.transformer import MultiheadAttention
-from mmengine.model import BaseModule
 from mmseg.models.backbones import VisionTransformer
+from mmseg.models.backbones.vit import TransformerEncoderLayer
 from mmseg.registry import MODELS
 
-from mmseg_mita.ops import BACKENDS, check_variant_args, mita_attention
-from mmseg_mita.utils import check_choice, check_int, check_int_pair
+from mmseg_mita.ops import MiTAOptions, backend_names, mita_attention
+from mmseg_mita.ops.options import FIELDS as OPTION_FIELDS
+from mmseg_mita.utils import check_choice, check_flag
 from .state_dict_check import check_state_dict_fits, describe_keys
 from .value_branch import (VALUE_BRANCH_KEY, DepthwiseValueConv,
                            GateProjection, add_value_branch)
 
-# The keys of mita_cfg that go to mita_attention as they are.
-OPERATOR_KEYS = ('pool_size', 'topk', 'experts_per_query', 'shared_expert',
-                 'routed_experts', 'landmarks', 'backend')
-MITA_DEFAULTS = dict(pool_size=7, topk=49, experts_per_query=1,
-                     shared_expert=True, routed_experts=True,
-                     landmarks='patches', layers='all', backend='auto',
-                     dwc=False, gate=False)
-
-
-def check_flag(value, name: str) -> bool:
-    """A bool (not 0 or 1)."""
-    if not isinstance(value, bool):
-        raise ValueError(f'{name} must be True or False, got {value!r}')
-    return value
+# mita_cfg: the fields of MiTAOptions plus where (layers) and how (backend).
+LAYER_KEYS = dict(layers='all', backend='auto')
 # How full-attention layers compute: mmcv's MultiheadAttention (as mmseg's
 # ViT) or F.scaled_dot_product_attention on the same weights.
 FULL_ATTENTION = ('mmcv', 'sdpa')
 
 
+@dataclasses.dataclass(frozen=True)
+class MiTALayerConfig:
+    """What one MiTA layer computes: ``options`` with ``backend``."""
+    options: MiTAOptions
+    backend: str = 'auto'
+
+
 class MiTAMultiheadAttention(MultiheadAttention):
     """mmcv's ``MultiheadAttention`` computing MiTA instead of full attention.
 
-    It owns the very same submodules (``attn.in_proj_*``, ``attn.out_proj``)
-    as the module it replaces, so state-dict keys are unchanged. With
-    ``mita=None`` it is full attention again, computed by mmcv's forward
-    (``full_attention='mmcv'``) or by ``F.scaled_dot_product_attention`` on
-    the same weights (``'sdpa'``).
+    Built from the same arguments (so the same submodules and state-dict
+    keys, ``attn.in_proj_*``, ``attn.out_proj``), plus
+    ``num_extra_tokens`` and how it computes: with ``mita=None`` it is full
+    attention, computed by mmcv's forward (``full_attention='mmcv'``) or by
+    ``F.scaled_dot_product_attention`` on the same weights (``'sdpa'``);
+    with a :class:`MiTALayerConfig` it is MiTA. The forward takes the patch
+    grid ``hw_shape`` of the tokens.
 
     ``dwc`` / ``gate`` add the authors' depth-wise value convolution
     (``attn.dwc``) and output gate (``attn.gate_proj``), with MiTA or full
     attention (see :mod:`.value_branch`).
     """
 
-    def __init__(self, full: MultiheadAttention, num_extra_tokens: int,
-                 mita: Optional[dict], dwc: bool = False,
-                 gate: bool = False, full_attention: str = 'mmcv'):
-        # Adopt ``full``'s modules instead of running mmcv's constructor,
-        # which would build (and drop) a new nn.MultiheadAttention per layer.
-        BaseModule.__init__(self, full.init_cfg)
-        self.embed_dims = full.embed_dims
-        self.num_heads = full.num_heads
-        self.batch_first = full.batch_first
-        self.attn = full.attn
-        self.proj_drop = full.proj_drop
-        self.dropout_layer = full.dropout_layer
+    def __init__(self, *args, num_extra_tokens: int = 1, dwc: bool = False,
+                 gate: bool = False, full_attention: str = 'mmcv',
+                 **kwargs):
+        super().__init__(*args, **kwargs)
         self.num_extra_tokens = num_extra_tokens
-        self.mita = mita
         self.full_attention = full_attention
-        self.hw_shape: Optional[Tuple[int, int]] = None
+        self.mita: Optional[MiTALayerConfig] = None
         self.dwc = DepthwiseValueConv(self.embed_dims) if dwc else None
         self.gate_proj = GateProjection(self.embed_dims) if gate else None
 
-    def forward(self, query, identity=None, **kwargs):
+    def forward(self, query, identity=None, hw_shape=None, **kwargs):
         has_value_branch = self.dwc is not None or self.gate_proj is not None
         if (self.mita is None and not has_value_branch
                 and self.full_attention == 'mmcv'):
@@ -85,10 +84,15 @@ class MiTAMultiheadAttention(MultiheadAttention):
         if self.mita is None:  # full attention: SDPA
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         else:
-            out = self._mita_attention(q, k, v, dropout_p)
+            hw_shape = self._patch_grid(hw_shape)
+            out = mita_attention(q, k, v, hw_shape,
+                                 num_extra_tokens=self.num_extra_tokens,
+                                 options=self.mita.options.fitted(hw_shape),
+                                 backend=self.mita.backend,
+                                 dropout_p=dropout_p)
         out = out.transpose(1, 2).reshape(b, n, c)
         if has_value_branch:
-            out = add_value_branch(out, x, v, self.hw_shape,
+            out = add_value_branch(out, x, v, hw_shape,
                                    self.num_extra_tokens, self.dwc,
                                    self.gate_proj)
         out = mha.out_proj(out)
@@ -97,44 +101,64 @@ class MiTAMultiheadAttention(MultiheadAttention):
         identity = query if identity is None else identity
         return identity + self.dropout_layer(self.proj_drop(out))
 
-    def _mita_attention(self, q, k, v, dropout_p: float):
-        pool = fit_pool_size(self.mita['pool_size'], self.hw_shape)
-        options = dict(self.mita, pool_size=pool)
-        options['experts_per_query'] = min(options['experts_per_query'],
-                                           pool[0] * pool[1])
-        return mita_attention(q, k, v, self.hw_shape,
-                              num_extra_tokens=self.num_extra_tokens,
-                              dropout_p=dropout_p, **options)
+    def _patch_grid(self, hw_shape) -> Tuple[int, int]:
+        if hw_shape is None:
+            raise ValueError(
+                'MiTA attention needs the patch grid of the tokens: call it '
+                'with hw_shape=(H, W) (MiTAViT passes its patch grid to '
+                'every layer)')
+        return tuple(hw_shape)
 
 
-def fit_pool_size(pool_size: Tuple[int, int],
-                  hw: Tuple[int, int]) -> Tuple[int, int]:
-    """The landmark grid for a patch grid ``hw``: at most one landmark per
-    patch along each axis (a grid smaller than ``pool_size`` along an axis
-    gets fewer landmarks there, so m shrinks)."""
-    return tuple(min(p, int(s)) for p, s in zip(pool_size, hw))
+class MiTAEncoderLayer(TransformerEncoderLayer):
+    """mmseg's ViT encoder layer with :class:`MiTAMultiheadAttention`.
+
+    ``attn_cfg`` carries the attention's own arguments (``num_extra_tokens``,
+    ``dwc``, ``gate``, ``full_attention``); the forward takes the patch
+    grid."""
+
+    def build_attn(self, attn_cfg):
+        self.attn = MiTAMultiheadAttention(**attn_cfg)
+
+    def forward(self, x, hw_shape=None):
+
+        def inner_forward(x):
+            x = self.attn(self.norm1(x), identity=x, hw_shape=hw_shape)
+            return self.ffn(self.norm2(x), identity=x)
+
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(inner_forward, x, use_reentrant=False)
+        return inner_forward(x)
 
 
 def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
                    num_extra_tokens: int) -> Optional[dict]:
-    """Fill defaults and validate; returns None for full attention."""
+    """``mita_cfg`` with defaults filled and every value checked: its
+    :class:`MiTAOptions` (``options``, and its fields as keys, ``pool_size``
+    a pair), ``layers`` (a sorted list) and ``backend``. None for full
+    attention."""
     if mita_cfg is None:
         return None
-    unknown = set(mita_cfg) - set(MITA_DEFAULTS)
+    if not isinstance(mita_cfg, dict):
+        raise ValueError(f'mita_cfg must be a dict or None, got {mita_cfg!r}')
+    unknown = sorted(set(mita_cfg) - set(OPTION_FIELDS) - set(LAYER_KEYS))
     if unknown:
-        raise ValueError(f'mita_cfg has unknown keys {sorted(unknown)}; '
-                         f'valid keys are {sorted(MITA_DEFAULTS)}')
-    cfg = {**MITA_DEFAULTS, **mita_cfg}
-    check_int(cfg['topk'], 'mita_cfg.topk')
-    cfg['pool_size'] = check_int_pair(cfg['pool_size'], 'mita_cfg.pool_size')
-    check_variant_args(cfg['experts_per_query'], cfg['shared_expert'],
-                       cfg['routed_experts'], cfg['landmarks'],
-                       num_extra_tokens,
-                       cfg['pool_size'][0] * cfg['pool_size'][1],
-                       prefix='mita_cfg.')
-    check_choice(cfg['backend'], 'mita_cfg.backend', BACKENDS)
-    check_flag(cfg['dwc'], 'mita_cfg.dwc')
-    check_flag(cfg['gate'], 'mita_cfg.gate')
+        raise ValueError(
+            f'mita_cfg has unknown keys {unknown}; valid keys are '
+            f'{sorted(OPTION_FIELDS + tuple(LAYER_KEYS))}' +
+            ('; dwc and gate are arguments of the backbone (they add '
+             'parameters): MiTAViT(dwc=True, gate=True)'
+             if {'dwc', 'gate'} & set(unknown) else ''))
+    options = MiTAOptions.from_dict(
+        {k: v for k, v in mita_cfg.items() if k not in LAYER_KEYS},
+        prefix='mita_cfg.')
+    if options.landmarks == 'official' and num_extra_tokens != 1:
+        raise ValueError(
+            "mita_cfg.landmarks='official' pools the first H * W tokens, "
+            'which needs exactly one extra (cls) token: build the backbone '
+            "with with_cls_token=True, or use landmarks='patches'")
+    cfg = {**LAYER_KEYS, **mita_cfg, **dataclasses.asdict(options)}
+    check_choice(cfg['backend'], 'mita_cfg.backend', backend_names())
     layers = cfg['layers']
     if layers == 'all':
         layers = list(range(num_layers))
@@ -147,17 +171,7 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
         raise ValueError(f'mita_cfg.layers {bad} are out of range for a '
                          f'backbone with num_layers={num_layers} '
                          f'(valid: 0..{num_layers - 1})')
-    cfg['layers'] = sorted(set(layers))
-    return cfg
-
-
-def check_full_attention(full_attention) -> None:
-    if not isinstance(full_attention, str) or \
-            full_attention not in FULL_ATTENTION:
-        raise ValueError(
-            f'full_attention must be one of {FULL_ATTENTION} (mmcv\'s '
-            'MultiheadAttention as in mmseg\'s ViT, or '
-            f'F.scaled_dot_product_attention), got {full_attention!r}')
+    return dict(cfg, layers=sorted(set(layers)), options=options)
 
 
 @MODELS.register_module()
@@ -174,16 +188,21 @@ class MiTAViT(VisionTransformer):
       in :func:`mmseg_mita.ops.mita_attention`;
     - ``layers``: ``'all'`` or a list of layer indices to use MiTA in; the
       other layers keep full attention;
-    - ``backend``: ``'auto'``, ``'torch'``, ``'flash'``, ``'triton'`` or
-      ``'export'`` (standard ONNX operators, inference only: set by
+    - ``backend``: a name of ``mmseg_mita.ops.REGISTRY`` or ``'auto'``
+      (``'export'``: standard ONNX operators, inference only, set by
       ``mmseg_mita.deploy.prepare_for_export``, see docs/deploy.md).
-    - ``dwc``, ``gate``: as the arguments below (``True`` there is the same
-      as ``True`` here; ``False`` asks for nothing).
+
+    The options are validated once, when the backbone is built (or
+    :meth:`set_mita` is called), into one :class:`MiTAOptions` shared by
+    the layers; each layer is told the patch grid by the backbone's
+    forward.
 
     Any input of at least one patch works: where the patch grid is smaller
     than the landmark grid along an axis, that axis gets one landmark per
     patch (e.g. ``pool_size=7`` on a 2 x 128 grid uses 2 x 7 landmarks,
-    m = 14); only an input smaller than one patch raises ``ValueError``.
+    m = 14) and ``experts_per_query`` is at most that m
+    (:meth:`MiTAOptions.fitted`); only an input smaller than one patch
+    raises ``ValueError``.
 
     ``full_attention`` says how the full-attention layers (all of them with
     ``mita_cfg=None``, the others when ``mita_cfg['layers']`` lists a
@@ -193,37 +212,61 @@ class MiTAViT(VisionTransformer):
     attention dropout included; the N x N weights are never built).
 
     ``mita_cfg=None, full_attention='mmcv'`` (without dwc, gate) is exactly
-    mmseg's ViT. MiTA adds
-    no parameters, so the state dict has mmseg's ViT keys and its
-    checkpoints load unchanged; :meth:`set_mita` changes m, k or the layers
-    at any time (e.g. for inference).
+    mmseg's ViT. MiTA adds no parameters, so the state dict has mmseg's ViT
+    keys and its checkpoints load unchanged; :meth:`set_mita` changes m, k
+    or the layers at any time (e.g. for inference).
 
-    ``dwc=True`` / ``gate=True`` add the authors' MiTA-DeiT depth-wise value
-    convolution / output gate to EVERY layer (as their code does; MiTA or
-    full attention alike; :mod:`.value_branch`), with keys
-    ``layers.{i}.attn.dwc.*`` / ``layers.{i}.attn.gate_proj.*`` beside the
-    unchanged ViT keys. They are part of the model's structure, fixed when
-    it is built. A checkpoint without them loads with a warning that lists
-    the parameters that keep their initial values (which make the branch a
-    no-op); a checkpoint with them does not load into a backbone without.
+    ``dwc=True`` / ``gate=True`` (arguments of the backbone only: they add
+    parameters, so they are part of its structure) add the authors'
+    MiTA-DeiT depth-wise value convolution / output gate to EVERY layer (as
+    their code does; MiTA or full attention alike; :mod:`.value_branch`),
+    with keys ``layers.{i}.attn.dwc.*`` / ``layers.{i}.attn.gate_proj.*``
+    beside the unchanged ViT keys. A checkpoint without them loads with a
+    warning that lists the parameters that keep their initial values (which
+    make the branch a no-op); a checkpoint with them does not load into a
+    backbone without.
     """
 
-    def __init__(self, *args, mita_cfg: Optional[dict] = MITA_DEFAULTS,
+    def __init__(self, *args, mita_cfg: Optional[dict] = LAYER_KEYS,
                  dwc: bool = False, gate: bool = False,
                  full_attention: str = 'mmcv', **kwargs):
-        check_full_attention(full_attention)
-        super().__init__(*args, **kwargs)
-        # mita_cfg's flags are checked by set_mita below
-        asked = mita_cfg if isinstance(mita_cfg, dict) else {}
-        self.dwc = check_flag(dwc, 'dwc') or asked.get('dwc') is True
-        self.gate = check_flag(gate, 'gate') or asked.get('gate') is True
-        num_extra_tokens = 1 if self.with_cls_token else 0
-        for layer in self.layers:
-            layer.attn = MiTAMultiheadAttention(layer.attn, num_extra_tokens,
-                                                None, self.dwc, self.gate,
-                                                full_attention)
+        check_choice(full_attention, 'full_attention', FULL_ATTENTION)
+        self_args = inspect.signature(VisionTransformer.__init__).bind(
+            None, *args, **kwargs)
+        self_args.apply_defaults()
+        vit = self_args.arguments
+        # mmseg's ViT without layers, then the layers it would build, with
+        # MiTA-capable attention (same arguments, same order of random
+        # draws, same state-dict keys).
+        super().__init__(*args, **{**kwargs, 'num_layers': 0})
+        num_layers = vit['num_layers']
+        if vit['out_indices'] == -1:
+            self.out_indices = [num_layers - 1]
+        self.dwc = check_flag(dwc, 'dwc')
+        self.gate = check_flag(gate, 'gate')
         self.full_attention = full_attention
-        self.patch_embed.register_forward_hook(self._record_patch_grid)
+        attn_cfg = dict(num_extra_tokens=1 if self.with_cls_token else 0,
+                        dwc=self.dwc, gate=self.gate,
+                        full_attention=full_attention)
+        rates = torch.linspace(0, vit['drop_path_rate'], num_layers)
+        for rate in rates.tolist():
+            self.layers.append(
+                MiTAEncoderLayer(
+                    embed_dims=vit['embed_dims'],
+                    num_heads=vit['num_heads'],
+                    feedforward_channels=vit['mlp_ratio'] *
+                    vit['embed_dims'],
+                    attn_drop_rate=vit['attn_drop_rate'],
+                    drop_rate=vit['drop_rate'],
+                    drop_path_rate=rate,
+                    num_fcs=vit['num_fcs'],
+                    qkv_bias=vit['qkv_bias'],
+                    act_cfg=vit['act_cfg'],
+                    norm_cfg=vit['norm_cfg'],
+                    with_cp=vit['with_cp'],
+                    batch_first=True,
+                    attn_cfg=dict(attn_cfg)))
+        self._freeze()
         self.set_mita(mita_cfg)
 
     def set_mita(self, mita_cfg: Optional[dict]) -> None:
@@ -232,20 +275,18 @@ class MiTAViT(VisionTransformer):
         built."""
         cfg = parse_mita_cfg(mita_cfg, len(self.layers),
                              1 if self.with_cls_token else 0)
-        if cfg is not None:
-            for name in ('dwc', 'gate'):
-                if cfg[name] and not getattr(self, name):
-                    raise ValueError(
-                        f'mita_cfg.{name}=True adds parameters, so it is '
-                        'chosen when the backbone is built: build it with '
-                        f'{name}=True (or mita_cfg.{name}=True) instead of '
-                        'switching it on in set_mita')
-            cfg.update(dwc=self.dwc, gate=self.gate)
+        layer_cfg = None if cfg is None else MiTALayerConfig(
+            cfg.pop('options'), cfg['backend'])
         self.mita_cfg = cfg
         for i, layer in enumerate(self.layers):
             on = cfg is not None and i in cfg['layers']
-            layer.attn.mita = {key: cfg[key]
-                               for key in OPERATOR_KEYS} if on else None
+            layer.attn.mita = layer_cfg if on else None
+
+    def train(self, mode: bool = True) -> 'MiTAViT':
+        """mmseg's ViT ``train`` (``norm_eval`` included), returning the
+        module as ``nn.Module.train`` does (mmseg's returns None)."""
+        super().train(mode)
+        return self
 
     def init_weights(self):
         """mmseg's ViT initialisation; pretrained weights that do not fit
@@ -295,15 +336,35 @@ class MiTAViT(VisionTransformer):
                 'so the backbone starts as the checkpoint\'s model')
 
     def forward(self, inputs):
+        """mmseg's ViT forward, with the patch grid handed to every layer."""
         size = tuple(inputs.shape[-2:])
         if min(size) < self.patch_size:
             raise ValueError(
                 f'input image of size {size} is smaller than one patch '
                 f'(patch_size={self.patch_size}); resize or pad images to at '
                 f'least {self.patch_size} x {self.patch_size} pixels')
-        return super().forward(inputs)
+        x, hw_shape = self.patch_embed(inputs)
+        cls_tokens = self.cls_token.expand(x.shape[0], -1, -1)
+        x = self._pos_embeding(torch.cat((cls_tokens, x), dim=1), hw_shape,
+                               self.pos_embed)
+        if not self.with_cls_token:
+            x = x[:, 1:]
+        if self.pre_norm:
+            x = self.pre_ln(x)
+        outs = [self._feature_map(x, hw_shape)] if self.out_origin else []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, hw_shape)
+            if i == len(self.layers) - 1 and self.final_norm:
+                x = self.norm1(x)
+            if i in self.out_indices:
+                outs.append(self._feature_map(x, hw_shape))
+        return tuple(outs)
 
-    def _record_patch_grid(self, module, inputs, outputs) -> None:
-        _, hw_shape = outputs
-        for layer in self.layers:
-            layer.attn.hw_shape = tuple(hw_shape)
+    def _feature_map(self, x, hw_shape):
+        """Tokens [B, N, C] -> the patches as [B, C, H, W] (with the cls
+        token, ``[map, cls]`` when ``output_cls_token``)."""
+        out = x[:, 1:] if self.with_cls_token else x
+        b, _, c = out.shape
+        out = out.reshape(b, hw_shape[0], hw_shape[1],
+                          c).permute(0, 3, 1, 2).contiguous()
+        return [out, x[:, 0]] if self.output_cls_token else out
