@@ -112,6 +112,17 @@ MUTATIONS = [
      LOW_TEST),
     ('low-precision helper: routing not held fixed', LOW,
      '._replace(\n        **fixed)', '._replace()', LOW_TEST),
+    ('float64 comparison helper: gradients not compared',
+     'tests/ops/mita_testing.py',
+     'for (name, _), g1, g2 in zip(named, got, want):',
+     'for (name, _), g1, g2 in zip(named[:0], got, want):', LOW_TEST),
+    ('float64 comparison helper: gradient tolerance 1e-3',
+     'tests/ops/mita_testing.py', 'grad_rtol=1e-9, grad_atol=1e-9):',
+     'grad_rtol=1e-3, grad_atol=1e-3):', LOW_TEST),
+    ('export: checkpoint loaded without strict', EXPORT,
+     "load_checkpoint(model, checkpoint, map_location='cpu', strict=True)",
+     "load_checkpoint(model, checkpoint, map_location='cpu', strict=False)",
+     [EXPORT_TEST + 'test_export_from_checkpoint']),
 ]
 
 

@@ -190,6 +190,12 @@ def test_export_from_checkpoint(tmp_path):
     for (name, a), b in zip(model.state_dict().items(),
                             loaded.state_dict().values()):
         assert torch.equal(a, b), name
+    # loading is strict: a checkpoint without one weight is refused
+    weights = model.state_dict()
+    weights.pop('decode_head.conv_seg.weight')
+    torch.save(dict(state_dict=weights), checkpoint)
+    with pytest.raises(RuntimeError, match='conv_seg.weight'):
+        build_segmentor(osp.join(ROOT, DEMO), str(checkpoint))
 
 
 def test_tool_reports_and_fails_above_tolerance(tmp_path, capsys):

@@ -1,13 +1,15 @@
-"""The low-precision helper itself (``low_precision.py``) catches what it
-claims: a backend a little off in its output or one gradient, through its
-ratio to the torch backend alone; an inaccurate backend or baseline through
-its absolute bounds; and holding the routing fixed is what lets a correct
-backend pass on an input where bf16 flips a routing decision."""
+"""The comparison helpers catch what they claim. The low-precision helper
+(``low_precision.py``) fails a backend a little off in its output or one
+gradient through its ratio to the torch backend alone, an inaccurate
+backend or baseline through its absolute bounds; holding the routing fixed
+is what lets a correct backend pass on an input where bf16 flips a routing
+decision. The float64 comparison (``mita_testing.py``) checks each
+gradient."""
 import pytest
 import torch
 from low_precision import (assert_as_accurate_as_torch, fixed_routing_errors,
                            relative_error)
-from mita_testing import random_qkv
+from mita_testing import ScaleGrad, assert_matches_reference, random_qkv
 
 from mmseg_mita.ops import compute_experts
 from mmseg_mita.ops.torch_backend import mita_torch
@@ -30,19 +32,6 @@ def _check(backend_fn, dtype, inputs=None, **kwargs):
         POOL, TOPK, dtype, 'cpu', **kwargs)
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity whose backward scales the gradient by ``scale``."""
-
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.scale, None
-
-
 def _output_off(scale):
     """The torch backend with its output (and so every gradient) scaled."""
     return lambda q, k, v, experts: mita_torch(q, k, v, experts) * scale
@@ -51,7 +40,7 @@ def _output_off(scale):
 def _dq_off(scale):
     """The torch backend with the q gradient of its attention scaled (the
     part through the routing logits, computed outside it, is not)."""
-    return lambda q, k, v, experts: mita_torch(_ScaleGrad.apply(q, scale), k,
+    return lambda q, k, v, experts: mita_torch(ScaleGrad.apply(q, scale), k,
                                                v, experts)
 
 
@@ -123,3 +112,21 @@ def test_held_routing_lets_a_correct_backend_pass_where_bf16_flips_one():
                                          topk, dtype, 'cpu',
                                          bounds=(2e-2, 2e-2))
     assert max(errors['torch']) < 1e-2
+
+
+@pytest.mark.parametrize('name', ['q', 'k', 'v'])
+def test_float64_comparison_checks_each_gradient(name):
+    # assert_matches_reference (mita_testing.py), the float64 comparison of
+    # every backend test: a gradient 1e-6 off fails it, in q, k or v.
+    inputs = random_qkv(1, 2, 26, 8)
+
+    def mita(scale=1.0, which=None):
+        qkv = [ScaleGrad.apply(t, scale) if n == which else t
+               for n, t in zip('qkv', inputs)]
+        return mita_torch(*qkv, compute_experts(*qkv, (5, 5), 1, 2, 4))
+
+    with pytest.raises(AssertionError, match=f'grad of {name}'):
+        assert_matches_reference(mita(1 + 1e-6, name), mita(), inputs)
+    with pytest.raises(AssertionError):
+        assert_matches_reference(mita() * (1 + 1e-8), mita(), inputs)
+    assert_matches_reference(mita(), mita(), inputs)
