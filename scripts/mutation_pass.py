@@ -3,7 +3,9 @@ alone to a fresh clone of this checkout's HEAD, the tests named for it run
 (stopping at the first failure) and the change is reverted. Prints one line
 per mutation: CAUGHT (with the first failing test) or MISSED.
 
-    .venv/bin/python scripts/mutation_pass.py   # about 5 min on 2 cores
+    .venv/bin/python scripts/mutation_pass.py   # about 8 min on 2 cores
+    .venv/bin/python scripts/mutation_pass.py export helper   # only the
+                          # mutations whose name contains one of the words
 """
 import os.path as osp
 import subprocess
@@ -20,6 +22,11 @@ TRITON = 'mmseg_mita/ops/triton_backend.py'
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
+TORCH_BACKEND = 'mmseg_mita/ops/torch_backend.py'
+EXPORT = 'mmseg_mita/deploy/onnx_export.py'
+EXPORT_TEST = 'tests/deploy/test_export_onnx.py::'
+LOW = 'tests/ops/low_precision.py'
+LOW_TEST = ['tests/ops/test_low_precision.py']
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
     ('MiTA layer residual from its normalised input', VIT,
@@ -72,6 +79,64 @@ MUTATIONS = [
     ('Triton online softmax without rescaling its accumulator', TRITON,
      'acc = acc * alpha[:, None] + _dot(', 'acc = acc + _dot(',
      ['tests/ops/test_triton_backend.py']),
+    ('compression-only dropout without its 1 / (1 - p) rescale',
+     TORCH_BACKEND, 'probs = F.dropout(probs, dropout_p)',
+     'probs = probs * (torch.rand_like(probs) >= dropout_p)', CHECK_TEST),
+    ('dropout without its 1 / (1 - p) rescale in the backward only',
+     TORCH_BACKEND, 'grad_logits.mul_(mask).div_(1 - dropout_p)',
+     'grad_logits.mul_(mask)', CHECK_TEST),
+    ('Triton interpreter: bf16 tl.dot operands not upcast', TRITON,
+     'self.upcast = interpreted and dtype == torch.bfloat16',
+     'self.upcast = False', [
+         'tests/ops/test_triton_backend.py::'
+         'test_half_precision_within_twice_the_torch_backend_error'
+     ]),
+    ('dynamic export: position-embedding grid as (W, H)', EXPORT,
+     'pos_embed, hw_shape, pos_grid,', 'pos_embed, hw_shape, pos_grid[::-1],',
+     [EXPORT_TEST + 'test_dynamic_export_of_a_non_square_backbone']),
+    ('dynamic export: patch padding of H and W swapped', EXPORT,
+     'return F.pad(x, [0, pads[1], 0, pads[0]])',
+     'return F.pad(x, [0, pads[0], 0, pads[1]])',
+     [EXPORT_TEST + 'test_dynamic_export_runs_at_other_sizes']),
+    ('compare_logits: agreement over the width axis', EXPORT,
+     'agree = reference.argmax(1) == logits.argmax(1)',
+     'agree = reference.argmax(-1) == logits.argmax(-1)',
+     [EXPORT_TEST + 'test_compare_logits_counts_pixels_of_the_same_class']),
+    ('compare_logits: agreement over the batch axis', EXPORT,
+     'agree = reference.argmax(1) == logits.argmax(1)',
+     'agree = reference.argmax(0) == logits.argmax(0)',
+     [EXPORT_TEST + 'test_compare_logits_counts_pixels_of_the_same_class']),
+    ('export tool: --min-agreement ignored', 'tools/export_onnx.py',
+     'within_tolerance(result, args.atol, args.min_agreement)',
+     'within_tolerance(result, args.atol, 0)',
+     [EXPORT_TEST + 'test_tool_fails_on_swapped_classes']),
+    ('low-precision helper: factor 20 instead of 2', LOW, 'factor=2.0,',
+     'factor=20.0,', LOW_TEST),
+    ('low-precision helper: backend compared with itself', LOW,
+     "{'backend': backend_fn, 'torch': baseline_fn}",
+     "{'backend': backend_fn, 'torch': backend_fn}", LOW_TEST),
+    ('low-precision helper: gradient errors not compared with torch\'s', LOW,
+     "zip(names, errors['backend'], errors['torch'])",
+     "zip(names[:1], errors['backend'], errors['torch'])", LOW_TEST),
+    ('low-precision helper: absolute gradient bound dropped', LOW,
+     'assert errs[0] < bounds[0] and max(errs[1:]) < bounds[1], errors',
+     'assert errs[0] < bounds[0], errors', LOW_TEST),
+    ('low-precision helper: baseline not bounded', LOW,
+     'for errs in errors.values():', "for errs in [errors['backend']]:",
+     LOW_TEST),
+    ('low-precision helper: routing not held fixed', LOW,
+     '._replace(\n        **fixed)', '._replace()', LOW_TEST),
+    ('float64 comparison helper: gradients not compared',
+     'tests/ops/mita_testing.py',
+     'for (name, _), g1, g2 in zip(named, got, want):',
+     'for (name, _), g1, g2 in zip(named[:0], got, want):', LOW_TEST),
+    ('float64 comparison helper: gradient tolerance 1e-3',
+     'tests/ops/mita_testing.py', 'grad_rtol=1e-9, grad_atol=1e-9):',
+     'grad_rtol=1e-3, grad_atol=1e-3):', LOW_TEST),
+    ('export: checkpoint loaded without strict', EXPORT,
+     "load_checkpoint(model, checkpoint, map_location='cpu', strict=True)",
+     "load_checkpoint(model, checkpoint, map_location='cpu', strict=False)",
+     [EXPORT_TEST + 'test_export_from_checkpoint']),
 ]
 
 
@@ -82,12 +147,17 @@ def run_tests(clone, tests):
     ], cwd=clone, capture_output=True, text=True)
 
 
-def main():
+def main(argv=None):
+    words = [w.lower() for w in (sys.argv[1:] if argv is None else argv)]
+    chosen = [m for m in MUTATIONS
+              if not words or any(w in m[0].lower() for w in words)]
+    if not chosen:
+        sys.exit(f'no mutation name contains any of {words}')
     missed = 0
     with tempfile.TemporaryDirectory() as tmp:
         clone = osp.join(tmp, 'clone')
         subprocess.run(['git', 'clone', '-q', REPO, clone], check=True)
-        for name, path, old, new, tests in MUTATIONS:
+        for name, path, old, new, tests in chosen:
             target = osp.join(clone, path)
             with open(target) as f:
                 source = f.read()

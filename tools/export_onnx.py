@@ -85,7 +85,8 @@ def main(argv=None) -> int:
                  'pip install -e .[deploy]')
     from mmseg_mita.deploy import (build_segmentor, compare_logits,
                                    export_onnx, prepare_for_export,
-                                   run_onnxruntime, torch_logits)
+                                   run_onnxruntime, torch_logits,
+                                   within_tolerance)
     torch.manual_seed(args.seed)  # the initialised weights, if no checkpoint
     model = build_segmentor(args.config, args.checkpoint, args.cfg_options)
     shapes = [tuple(args.shape)]
@@ -105,8 +106,7 @@ def main(argv=None) -> int:
     ok = True
     for shape, x, ref in zip(shapes, inputs, references):
         result = compare_logits(ref, run_onnxruntime(args.out, x.numpy()))
-        passed = (result['max_abs_diff'] <= args.atol
-                  and result['agreement'] >= args.min_agreement)
+        passed = within_tolerance(result, args.atol, args.min_agreement)
         ok &= passed
         print(f'{shape[0]} x {shape[1]}: max |logits - PyTorch| = '
               f'{result["max_abs_diff"]:.3g} (tolerance {args.atol:g}), '

@@ -2,9 +2,10 @@
 check of the exported file in ONNX Runtime (``tools/export_onnx.py``)."""
 from .onnx_export import (SegmentorLogits, build_segmentor, compare_logits,
                           export_onnx, prepare_for_export, run_onnxruntime,
-                          torch_logits)
+                          torch_logits, within_tolerance)
 
 __all__ = [
     'SegmentorLogits', 'build_segmentor', 'compare_logits', 'export_onnx',
-    'prepare_for_export', 'run_onnxruntime', 'torch_logits'
+    'prepare_for_export', 'run_onnxruntime', 'torch_logits',
+    'within_tolerance'
 ]

@@ -226,6 +226,14 @@ def compare_logits(reference: np.ndarray,
         agreement=float(agree.mean()))
 
 
+def within_tolerance(result: Dict[str, float], atol: float,
+                     min_agreement: float) -> bool:
+    """Whether a :func:`compare_logits` result passes: ``max_abs_diff`` at
+    most ``atol`` and ``agreement`` at least ``min_agreement``."""
+    return (result['max_abs_diff'] <= atol
+            and result['agreement'] >= min_agreement)
+
+
 def torch_logits(model: nn.Module, inputs: Sequence[Tensor]):
     """Eager PyTorch logits of ``model`` for each input, as numpy."""
     wrapper = SegmentorLogits(model).eval()

@@ -10,9 +10,10 @@ pytest.importorskip('onnx', reason=MISSING)
 pytest.importorskip('onnxruntime', reason=MISSING)
 import onnx  # noqa: E402
 
-from mmseg_mita.deploy import (build_segmentor, export_onnx,  # noqa: E402
-                               prepare_for_export, run_onnxruntime,
-                               torch_logits)
+from mmseg_mita.deploy import (build_segmentor, compare_logits,  # noqa
+                               export_onnx, prepare_for_export,
+                               run_onnxruntime, torch_logits,
+                               within_tolerance)
 from mmseg_mita.models import CBTHead  # noqa: E402
 from mmseg_mita.ops import mita_attention  # noqa: E402
 from mmseg_mita.ops.fixed_pooling import FixedAdaptiveAvgPool2d  # noqa: E402
@@ -24,12 +25,13 @@ CBT = 'configs/mita_vit/mita-vit-s16_cbt_8xb1-160k_ade20k-512x512.py'
 CBT_FULL = 'configs/mita_vit/vit-s16_cbt_8xb1-160k_ade20k-512x512.py'
 
 
-def _export(config, shape, path, dynamic=False, check_shapes=()):
+def _export(config, shape, path, dynamic=False, check_shapes=(),
+            cfg_options=None):
     """Export ``config`` (random weights) at ``shape``; returns the eager
     PyTorch logits (before the export switches) and ONNX Runtime's, at
     ``shape`` and each of ``check_shapes``."""
     torch.manual_seed(0)
-    model = build_segmentor(osp.join(ROOT, config))
+    model = build_segmentor(osp.join(ROOT, config), cfg_options=cfg_options)
     gen = torch.Generator().manual_seed(0)
     inputs = [
         torch.randn(1, 3, *s, generator=gen)
@@ -122,6 +124,18 @@ def test_dynamic_export_runs_at_other_sizes(tmp_path):
         _assert_same(ref, got, num_classes=5)
 
 
+def test_dynamic_export_of_a_non_square_backbone(tmp_path):
+    # img_size 64 x 96: a 8 x 12 grid of position embeddings, resized in the
+    # graph to 8 x 12 (the export size), 10 x 7 and 13 x 17 (two inputs, one
+    # no multiple of the patch size); an embedding grid taken as (W, H)
+    # would be laid out wrongly at every size.
+    results = _export(DEMO_FULL, (64, 96), tmp_path / 'wide.onnx',
+                      dynamic=True, check_shapes=[(80, 56), (100, 136)],
+                      cfg_options={'model.backbone.img_size': (64, 96)})
+    for ref, got in results:
+        _assert_same(ref, got, num_classes=5)
+
+
 @pytest.mark.parametrize('config', [CBT, CBT_FULL])
 def test_vit_s_cbt_non_square_matches_pytorch(config, tmp_path):
     # 112 x 144 -> a 7 x 9 token grid: MiTA's 7 x 7 landmarks and CBT's
@@ -176,6 +190,12 @@ def test_export_from_checkpoint(tmp_path):
     for (name, a), b in zip(model.state_dict().items(),
                             loaded.state_dict().values()):
         assert torch.equal(a, b), name
+    # loading is strict: a checkpoint without one weight is refused
+    weights = model.state_dict()
+    weights.pop('decode_head.conv_seg.weight')
+    torch.save(dict(state_dict=weights), checkpoint)
+    with pytest.raises(RuntimeError, match='conv_seg.weight'):
+        build_segmentor(osp.join(ROOT, DEMO), str(checkpoint))
 
 
 def test_tool_reports_and_fails_above_tolerance(tmp_path, capsys):
@@ -191,3 +211,52 @@ def test_tool_reports_and_fails_above_tolerance(tmp_path, capsys):
     # a tolerance no float32 export meets: exit status 1
     assert main(args + ['--atol', '0']) == 1
     assert 'FAILED' in capsys.readouterr().out
+
+
+def _crafted_logits():
+    """Random logits [2, 4, 5, 6]: with 4 classes, reversing the class axis
+    changes the argmax of every pixel (no class is its own mirror)."""
+    return np.random.default_rng(0).standard_normal(
+        (2, 4, 5, 6)).astype(np.float32)
+
+
+def test_compare_logits_counts_pixels_of_the_same_class():
+    ref = _crafted_logits()
+    same = compare_logits(ref, ref + np.float32(1e-3))
+    assert same['agreement'] == 1.0
+    assert same['max_abs_diff'] == pytest.approx(1e-3, rel=1e-3)
+    assert within_tolerance(same, atol=1e-2, min_agreement=1.0)
+    assert not within_tolerance(same, atol=1e-4, min_agreement=0.0)
+
+    # every class swapped: small logits, no pixel of the same class
+    swapped = compare_logits(ref, ref[:, ::-1])
+    assert swapped['agreement'] == 0.0
+    assert not within_tolerance(swapped, atol=np.inf, min_agreement=0.98)
+
+    # classes swapped in columns 0 and 3 of 6 only: 2 / 3 agree
+    partial = ref.copy()
+    partial[..., [0, 3]] = ref[:, ::-1][..., [0, 3]]
+    result = compare_logits(ref, partial)
+    assert result['agreement'] == pytest.approx(2 / 3)
+    assert within_tolerance(result, atol=np.inf, min_agreement=2 / 3)
+    assert not within_tolerance(result, atol=np.inf, min_agreement=0.7)
+
+    with pytest.raises(ValueError, match='do not match the reference'):
+        compare_logits(ref, ref[:, :3])
+
+
+def test_tool_fails_on_swapped_classes(tmp_path, capsys, monkeypatch):
+    # ONNX Runtime's logits replaced by the same logits with the class axis
+    # rolled by one (every pixel's class changes): any --atol passes them,
+    # the class agreement must not.
+    from export_onnx import main  # tools/ is on sys.path (conftest)
+
+    import mmseg_mita.deploy as deploy
+    run = deploy.run_onnxruntime
+    monkeypatch.setattr(deploy, 'run_onnxruntime',
+                        lambda *args: np.roll(run(*args), 1, axis=1))
+    out = tmp_path / 'demo.onnx'
+    assert main([osp.join(ROOT, DEMO_FULL), '--shape', '32', '32', '--out',
+                 str(out), '--atol', '1e9']) == 1
+    log = capsys.readouterr().out
+    assert 'FAILED' in log and 'same class on 0.000% of pixels' in log

@@ -44,9 +44,9 @@ def fixed_routing_errors(backend_fns, inputs, hw, extra, pool, topk, dtype,
     want = [ref] + list(torch.autograd.grad(ref, leaves, grad))
 
     low = [t.detach().to(device, dtype).requires_grad_() for t in inputs]
-    low_experts = experts_of(*low, hw, extra, pool, topk)._replace(
-        expert=experts.expert.to(device),
-        topk_index=experts.topk_index.to(device))
+    fixed = dict(expert=experts.expert.to(device),
+                 topk_index=experts.topk_index.to(device))
+    low_experts = experts_of(*low, hw, extra, pool, topk)._replace(**fixed)
     errors = {}
     for name, fn in backend_fns.items():
         out = fn(*low, low_experts)
@@ -60,15 +60,17 @@ def fixed_routing_errors(backend_fns, inputs, hw, extra, pool, topk, dtype,
 
 def assert_as_accurate_as_torch(backend_fn, inputs, hw, extra, pool, topk,
                                 dtype, device, factor=2.0,
-                                bounds=(2e-2, 5e-2)):
+                                bounds=(2e-2, 5e-2), baseline_fn=mita_torch):
     """``backend_fn`` (a backend function, ``fn(q, k, v, experts)``) is at
     most ``factor`` times as far from the float64 result as the torch
     backend at the same ``dtype`` and ``device``, for the output and each
     gradient (plus 1e-4 of slack for errors near zero); both stay below
-    ``bounds`` (output, gradients). Returns both error lists:
-    ``{'backend': [...], 'torch': [...]}``."""
+    ``bounds`` (output, gradients), so that an inaccurate baseline is
+    noticed too. ``baseline_fn``: the torch backend, replaced only by the
+    tests of this helper (``test_low_precision.py``). Returns both error
+    lists: ``{'backend': [...], 'torch': [...]}``."""
     errors = fixed_routing_errors(
-        {'backend': backend_fn, 'torch': mita_torch}, inputs, hw, extra,
+        {'backend': backend_fn, 'torch': baseline_fn}, inputs, hw, extra,
         pool, topk, dtype, device)
     names = ('out', 'dq', 'dk', 'dv')
     for name, got, base in zip(names, errors['backend'], errors['torch']):

@@ -56,6 +56,20 @@ def assert_matches_reference(out, ref, inputs, rtol=1e-10, atol=1e-10,
                                    msg=lambda m: f'grad of {name}: {m}')
 
 
+class ScaleGrad(torch.autograd.Function):
+    """Identity whose backward scales the gradient by ``scale``: a backend
+    with one wrong gradient, for the tests of the comparison helpers."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
 def plain_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
                            max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False):
