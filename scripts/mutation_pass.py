@@ -18,8 +18,10 @@ LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
 SAFE_LOAD = 'mmseg_mita/safe_load.py'
-REFUSAL_TEST = ['tests/test_safe_load.py::'
-                'test_crafted_checkpoint_is_refused_by_every_in_process_loader']
+REFUSAL_TEST = [
+    'tests/test_safe_load.py::'
+    'test_crafted_checkpoint_is_refused_by_every_in_process_loader'
+]
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
     ('MiTA layer residual from its normalised input', VIT,
