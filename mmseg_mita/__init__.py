@@ -1,15 +1,11 @@
 """MiTA attention for mmsegmentation.
 
-Importing the package (``custom_imports=dict(imports=['mmseg_mita'])`` in a
-config) registers the models and transforms in mmseg's registries and
-applies the stack workarounds of :mod:`mmseg_mita.compat`, as soon as
-mmengine and mmseg are imported (:mod:`mmseg_mita.registration`). The operator,
-:mod:`mmseg_mita.ops`, needs PyTorch alone.
+Importing the package (or :mod:`mmseg_mita.ops`, the operator) loads
+PyTorch alone and changes nothing in torch, mmengine or mmseg. The mmseg
+part of the plugin is one explicit import, :mod:`mmseg_mita.mmseg_plugin`
+(configs: ``custom_imports=dict(imports=['mmseg_mita.mmseg_plugin'])``).
 """
 from .ops import mita_attention
-from .registration import act_when_stack_is_imported
-
-act_when_stack_is_imported()
 
 __version__ = '0.1.0'
 __all__ = ['mita_attention', '__version__']

@@ -1,20 +1,23 @@
 """Workarounds for defects of the mmsegmentation 1.2.2 stack.
 
-Applied once when :mod:`mmseg_mita` is imported (configs import it through
+Applied by :mod:`mmseg_mita.mmseg_plugin` (configs import it through
 ``custom_imports``), so users of mmseg's own tools never see them. Each one
 leaves the CUDA code path as mmengine wrote it.
 
 * Checkpoints. torch >= 2.6 defaults ``torch.load`` to ``weights_only=True``.
   mmengine 0.10.7 calls it without the argument, and its own checkpoints
   pickle the message hub (``HistoryBuffer`` objects with numpy arrays and
-  bound methods, reached through ``getattr``), so ``tools/test.py``,
-  ``--resume`` and ``load_from`` refuse every checkpoint mmengine wrote.
-  Local checkpoint files are loaded as mmengine was written to load them
-  (full unpickling, torch's behaviour before 2.6): as before, load only
-  checkpoints you trust. A corrupt or truncated file is reported as such,
-  with its path and size, instead of torch's zip/pickle internals; a zip
-  checkpoint whose member fails its CRC-32 check (a flipped bit, which
-  ``torch.load`` does not notice) is reported before it is loaded.
+  the buffers' statistics methods, reached through ``getattr``), so
+  ``tools/test.py``, ``--resume`` and ``load_from`` refuse every checkpoint
+  mmengine wrote. Local checkpoint files are read by
+  :func:`mmseg_mita.safe_load.torch_load`: an allow-list admits tensors,
+  plain containers and exactly what mmengine's, timm's, DeiT's, mmpretrain's
+  and mmseg's checkpoints hold, and refuses anything else before any of it
+  runs (opt-in for trusted files: ``MMSEG_MITA_UNSAFE_LOAD=1``). A corrupt
+  or truncated file is reported as such, with its path and size, instead of
+  torch's zip/pickle internals; a zip checkpoint whose member fails its
+  CRC-32 check (a flipped bit, which ``torch.load`` does not notice) is
+  reported before it is loaded.
 * Distributed training without CUDA (``--launcher pytorch|slurm`` with the
   gloo backend). mmengine's launchers call ``torch.cuda.set_device`` and
   its runner gives ``MMDistributedDataParallel`` ``device_ids``; both are
@@ -51,6 +54,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmseg_mita.converters.loading import is_zip, zip_damage
+from mmseg_mita.safe_load import torch_load
 
 _PATCHED = '_mmseg_mita_patched'
 
@@ -69,8 +73,9 @@ def _patch(owner, name: str, make_wrapper) -> None:
 
 
 def load_local_checkpoint(filename, map_location=None):
-    """mmengine's local-file checkpoint loader, with the pre-2.6 default and
-    a clear error for files that are not complete checkpoints."""
+    """mmengine's local-file checkpoint loader, unpickling through the
+    allow-list of :mod:`mmseg_mita.safe_load`, with a clear error for files
+    that are not complete checkpoints."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
@@ -78,8 +83,7 @@ def load_local_checkpoint(filename, map_location=None):
     if damage is not None:
         raise _damaged(filename, damage)
     try:
-        return torch.load(
-            filename, map_location=map_location, weights_only=False)
+        return torch_load(filename, map_location=map_location)
     except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
         # An intact zip failing is not damage; the legacy format (a pickle
         # stream) or no checkpoint at all ends in a pickle error or EOF.
@@ -232,14 +236,9 @@ def check_seg_datasets() -> None:
     _patch(BaseSegDataset, 'load_data_list', _checked_load_data_list)
 
 
-def apply_mmengine() -> None:
-    """The workarounds of mmengine (needs mmengine only)."""
+def apply() -> None:
+    """Every workaround (called by :mod:`mmseg_mita.mmseg_plugin`)."""
     allow_mmengine_checkpoints()
     allow_cpu_distributed()
     allow_cpu_amp()
-
-
-def apply() -> None:
-    """Every workaround (needs mmseg)."""
-    apply_mmengine()
     check_seg_datasets()

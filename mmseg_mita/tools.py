@@ -19,7 +19,7 @@ def mmseg_tool_path(name: str) -> str:
 
 def run_mmseg_tool(name: str, argv: Optional[List[str]] = None) -> None:
     """Run mmseg's ``tools/<name>`` as ``__main__`` with ``argv``."""
-    import mmseg_mita  # noqa: F401  (registers modules, applies compat)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     path = mmseg_tool_path(name)
     sys.argv = [path] + list(sys.argv[1:] if argv is None else argv)
     runpy.run_path(path, run_name='__main__')

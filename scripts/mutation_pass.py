@@ -27,6 +27,11 @@ EXPORT = 'mmseg_mita/deploy/onnx_export.py'
 EXPORT_TEST = 'tests/deploy/test_export_onnx.py::'
 LOW = 'tests/ops/low_precision.py'
 LOW_TEST = ['tests/ops/test_low_precision.py']
+SAFE_LOAD = 'mmseg_mita/safe_load.py'
+REFUSAL_TEST = [
+    'tests/test_safe_load.py::'
+    'test_crafted_checkpoint_is_refused_by_every_in_process_loader'
+]
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
     ('MiTA layer residual from its normalised input', VIT,
@@ -70,6 +75,31 @@ MUTATIONS = [
     ("bit-flipped checkpoint not reported (mmengine's loader)",
      'mmseg_mita/compat.py', '    damage = zip_damage(filename)\n',
      '    damage = None\n', ['tests/test_bad_input.py']),
+    ('getattr admitted for any object (checkpoint allow-list)', SAFE_LOAD,
+     'if (obj is buffer or type(obj) is buffer) and',
+     'if True or', REFUSAL_TEST),
+    ('allow-list check skipped', SAFE_LOAD,
+     "if name not in ALLOWED_GLOBALS.get(module, ()):", 'if False:',
+     REFUSAL_TEST),
+    ('unsafe-load opt-in on by default', SAFE_LOAD,
+     'return os.environ.get(UNSAFE_ENV) == ',
+     "return os.environ.get(UNSAFE_ENV, '1') == ", REFUSAL_TEST),
+    ("mmengine's loader back to full unpickling", 'mmseg_mita/compat.py',
+     'return torch_load(filename, map_location=map_location)',
+     'return torch.load(filename, map_location=map_location, '
+     'weights_only=False)', REFUSAL_TEST),
+    ('importing the loader module adds a torch safe global', SAFE_LOAD,
+     "UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'",
+     "UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'; "
+     'torch.serialization.add_safe_globals([getattr])',
+     ['tests/test_package_imports.py::'
+      'test_operator_import_leaves_the_stack_untouched']),
+    ('damaged deflate stream of an .npz not caught (raw zlib.error)',
+     'mmseg_mita/converters/loading.py',
+     'except (zipfile.BadZipFile, zlib.error, EOFError) as e:',
+     'except (zipfile.BadZipFile, EOFError) as e:',
+     ['tests/converters/test_convert_vit.py::'
+      'test_npz_with_damaged_deflate_stream_is_refused']),
     ('FLOPs closed form without the routing matmul',
      'mmseg_mita/analysis/flop_handles.py', 'mita_routing=m * n * c,',
      'mita_routing=0,', ['tests/analysis/test_flops.py']),
@@ -125,7 +155,7 @@ MUTATIONS = [
      'for errs in errors.values():', "for errs in [errors['backend']]:",
      LOW_TEST),
     ('low-precision helper: routing not held fixed', LOW,
-     '._replace(\n        **fixed)', '._replace()', LOW_TEST),
+     '._replace(**fixed)', '._replace()', LOW_TEST),
     ('float64 comparison helper: gradients not compared',
      'tests/ops/mita_testing.py',
      'for (name, _), g1, g2 in zip(named, got, want):',

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from mmengine.optim import AmpOptimWrapper
 
+import mmseg_mita.mmseg_plugin  # noqa: F401  (AmpOptimWrapper on CPU)
 from helpers import DEMO_CONFIG, data_opts, run_python
 from mmseg_mita.models import MiTAViT
 from mmseg_mita.ops import mita_attention

@@ -14,6 +14,7 @@ from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.registry import DATASETS
 
+import mmseg_mita.mmseg_plugin  # noqa: F401  (the checks and loader tested)
 from helpers import DEMO_CONFIG, ROOT, flip_bit_in_tensor
 from mmseg_mita.models import MiTAViT
 

@@ -71,7 +71,7 @@ def test_data_is_sharded(two_rank_run, demo_data):
 SLURM_TASK = """
 import atexit
 import torch
-import mmseg_mita  # noqa: F401 (applies the CPU launcher fixes)
+import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
 from mmengine.dist import all_reduce, get_rank, get_world_size, init_dist
 # atexit runs handlers last-in first-out: this one after the plugin's
 atexit.register(lambda: print('GROUP AT EXIT',

@@ -1,40 +1,67 @@
-"""What importing the package and its operator loads and registers."""
+"""What importing the package, its operator and its mmseg plugin loads,
+registers and changes."""
 import subprocess
 import sys
 
 import pytest
 
 STACK = ('mmseg', 'mmengine', 'mmcv')
+# mmengine's local-file checkpoint loader and torch's safe globals, printed
+# after `import mmengine.runner`
+STATE = ('import mmengine.runner, torch\n'
+         'from mmengine.runner.checkpoint import CheckpointLoader\n'
+         'loader = CheckpointLoader._schemes[""]\n'
+         'print(loader.__module__, loader.__name__, sorted(\n'
+         '    f"{g.__module__}.{g.__qualname__}"\n'
+         '    for g in torch.serialization.get_safe_globals()))\n')
 
 
-def _python(code: str) -> str:
+def _python(code: str, lines: int = 1) -> str:
     proc = subprocess.run([sys.executable, '-c', code],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    return proc.stdout.strip().splitlines()[-1]
+    return '\n'.join(proc.stdout.strip().splitlines()[-lines:])
 
 
 def test_operator_imports_with_torch_alone():
     loaded = _python(
         'import sys\n'
-        'import mmseg_mita.ops, mmseg_mita.benchmarks, mmseg_mita.utils\n'
+        'import mmseg_mita, mmseg_mita.ops, mmseg_mita.benchmarks, '
+        'mmseg_mita.utils, mmseg_mita.safe_load\n'
         f'print(sorted({{m.split(".")[0] for m in sys.modules}} & {set(STACK)}))')
     assert loaded == '[]'
 
 
+@pytest.fixture(scope='module')
+def untouched():
+    """The STATE printed without the plugin."""
+    return _python(STATE)
+
+
+def test_operator_import_leaves_the_stack_untouched(untouched):
+    assert untouched.startswith('mmengine.runner.checkpoint load_from_local')
+    meta_path = 'import sys\nfinders = list(sys.meta_path)\n'
+    after = _python(
+        meta_path + 'import mmseg_mita, mmseg_mita.ops, '
+        'mmseg_mita.benchmarks, mmseg_mita.utils, mmseg_mita.safe_load\n'
+        'assert sys.meta_path == finders, sys.meta_path\n'
+        'import mmseg\nfrom mmseg.registry import MODELS\n'
+        'assert MODELS.get("MiTAViT") is None\n' + STATE)
+    assert after == untouched
+
+
 @pytest.mark.parametrize('order', ['plugin first', 'mmseg first'])
-def test_package_registers_models_and_workarounds(order):
-    imports = ['import mmseg_mita', 'import mmseg']
+def test_plugin_registers_models_and_workarounds(order, untouched):
+    imports = ['import mmseg_mita.mmseg_plugin', 'import mmseg']
     if order == 'mmseg first':
         imports.reverse()
     registered = _python(
         '\n'.join(imports) + '\n'
         'from mmseg.registry import MODELS, TRANSFORMS\n'
-        'from mmengine.runner.checkpoint import CheckpointLoader\n'
-        'loader = CheckpointLoader._schemes[""]\n'
         'print(MODELS.get("MiTAViT") is not None, '
         'MODELS.get("CBTHead") is not None, '
-        'TRANSFORMS.get("CheckSegMap") is not None, '
-        'getattr(loader, "__module__", "") == "mmseg_mita.compat")')
-    assert registered == 'True True True True'
+        'TRANSFORMS.get("CheckSegMap") is not None)\n' + STATE, lines=2)
+    assert registered == 'True True True\n' + untouched.replace(
+        'mmengine.runner.checkpoint load_from_local',
+        'mmseg_mita.compat load_local_checkpoint')

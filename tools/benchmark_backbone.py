@@ -92,7 +92,7 @@ def attention_variants(cfg: Config, twin: Optional[Config] = None
 
 def load_configs(args) -> Dict[str, Config]:
     """The MiTA config, its SDPA twin and the twin with mmseg's ViT."""
-    import mmseg_mita  # noqa: F401  (registers MiTAViT)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     configs = [Config.fromfile(args.config)]
     if args.twin:
         configs.append(Config.fromfile(args.twin))

@@ -153,7 +153,7 @@ def run_worker(spec: dict) -> None:
         parser.add_argument('--o', nargs='+', action=DictAction)
         cfg.merge_from_dict(
             parser.parse_args(['--o'] + spec['cfg_options']).o)
-    import mmseg_mita  # noqa: F401  (registers the models)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     model = build(attention_variants(cfg)[spec['model']], 'segmentor', cpu)
     _emit(event='ready')
     warm = False

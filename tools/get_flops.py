@@ -73,7 +73,7 @@ def build_segmentor(cfg: Config):
 
 
 def measure(config: str, shape=None, cfg_options=None) -> dict:
-    import mmseg_mita  # noqa: F401  (registers the models)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     from mmseg_mita.analysis import segmentor_complexity
     cfg = Config.fromfile(config)
     if cfg_options:

@@ -211,7 +211,7 @@ def render(image, maps, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    import mmseg_mita  # noqa: F401  (registers MiTAViT, applies compat)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     from mmseg.apis import inference_model
     if not osp.isfile(args.image):
         raise SystemExit(f'error: no image at {args.image}')

@@ -246,7 +246,7 @@ def sweep(runner, pool_sizes, topks, kept, variant_list=(('MiTA', {}), ),
 
 def main(argv=None):
     args = parse_args(argv)
-    import mmseg_mita  # noqa: F401  (registers MiTAViT, applies compat)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     runner, trained, kept = make_runner(args)
     results = sweep(runner, args.pool_sizes, args.topks, kept,
                     variants(args.experts_per_query, args.ablations))

@@ -4,10 +4,11 @@
   big_vision weights, returned as :class:`NpzWeights`;
 * safetensors (8-byte little-endian header length, then a JSON header):
   returned as a flat ``{name: Tensor}`` dict;
-* anything else is handed to ``torch.load(weights_only=True)`` (``.pth``,
-  ``.bin``, ``.pt``; mmengine checkpoints load through
-  :mod:`mmseg_mita.compat`; DeiT training checkpoints hold their
-  ``argparse.Namespace`` of arguments, allowed too).
+* anything else (``.pth``, ``.bin``, ``.pt``) is unpickled by
+  :func:`mmseg_mita.safe_load.torch_load`, through the allow-list that
+  mmengine's loader uses too (DeiT training checkpoints hold their
+  ``argparse.Namespace`` of arguments, admitted; a file naming any other
+  global is refused before it runs).
 
 Zip archives (``.npz`` and torch's format) are checked first: ``torch.load``
 does not verify the CRC-32 of its members, so a flipped bit would otherwise
@@ -18,11 +19,12 @@ import os
 import struct
 import zipfile
 import zlib
-from argparse import Namespace
 from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
+
+from mmseg_mita.safe_load import UnsafeCheckpointError, torch_load
 
 SAFETENSORS_DTYPES = {
     'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16,
@@ -118,12 +120,12 @@ def read_checkpoint(path: str) -> Any:
     if _safetensors_header(path) is not None:
         return read_safetensors(path)
     try:
-        with torch.serialization.safe_globals([Namespace]):
-            return torch.load(path, map_location='cpu', weights_only=True)
+        return torch_load(path, map_location='cpu')
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:  # torch raises many types for foreign files
         raise ValueError(
             f'{path} is not a checkpoint this converter reads: expected a '
-            'PyTorch file (.pth/.bin/.pt, loadable with '
-            'torch.load(weights_only=True)), a safetensors file, or a NumPy '
+            'PyTorch file (.pth/.bin/.pt), a safetensors file, or a NumPy '
             f'.npz of AugReg/big_vision weights; torch.load said: {err}'
         ) from err

@@ -54,7 +54,7 @@ def build_segmentor(config: str,
     """The config's segmentor on CPU in eval mode (BN instead of SyncBN),
     with the weights of ``checkpoint``, or initialised by its
     ``init_weights`` without pretrained weights when there is none."""
-    import mmseg_mita  # noqa: F401  (registers the models)
+    import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-import mmseg_mita  # noqa: F401  (registers MiTAViT)
+import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
 from helpers import build_segmentor, infer
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

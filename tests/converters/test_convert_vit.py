@@ -8,11 +8,15 @@ source model's tokens.
 """
 import os
 import os.path as osp
+import struct
+import zipfile
 
+import numpy as np
 import pytest
 import torch
 from mmseg.models.backbones import VisionTransformer
 
+import mmseg_mita.mmseg_plugin  # noqa: F401  (mmengine's loader)
 from convert_vit import main as convert_main
 from helpers import flip_bit_in_tensor
 from mmseg_mita.converters import (convert, convert_file, read_checkpoint,
@@ -222,6 +226,27 @@ def test_bit_flipped_file_is_refused(tmp_path):
     path.write_bytes(flip_bit_in_tensor(osp.join(DATA, 'vit_timm.pth')))
     with pytest.raises(ValueError, match=r'is corrupt or truncated \(member '
                        r'.*/data/\d+ fails its CRC-32 check\)'):
+        read_checkpoint(str(path))
+
+
+def test_npz_with_damaged_deflate_stream_is_refused(tmp_path):
+    # the zip directory intact, 64 bytes in the middle of the compressed
+    # data of a member inverted: zlib fails before any CRC is checked
+    path = tmp_path / 'damaged.npz'
+    np.savez_compressed(path, w=np.random.default_rng(0).integers(
+        0, 4, 5000).astype(np.uint8))
+    with zipfile.ZipFile(path) as archive:
+        member = archive.getinfo('w.npy')
+    assert member.compress_type == zipfile.ZIP_DEFLATED
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack_from('<HH', data,
+                                             member.header_offset + 26)
+    mid = (member.header_offset + 30 + name_len + extra_len +
+           member.compress_size // 2)
+    data[mid - 32:mid + 32] = bytes(b ^ 0xFF for b in data[mid - 32:mid + 32])
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r'is corrupt or truncated \(error: '
+                       'Error -3 while decompressing data'):
         read_checkpoint(str(path))
 
 

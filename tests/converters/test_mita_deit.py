@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import mmseg_mita.mmseg_plugin  # noqa: F401  (mmengine's loader)
 from convert_vit import main as convert_main
 from mmseg_mita.converters import (convert, convert_file, read_checkpoint,
                                    write_checkpoint)

@@ -6,7 +6,7 @@ from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 from mmseg.utils import register_all_modules
 
-import mmseg_mita  # noqa: F401
+import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
 
 CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
 

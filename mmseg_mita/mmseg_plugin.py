@@ -1,0 +1,30 @@
+"""The mmseg part of the plugin: import this module to use MiTA in mmseg.
+
+Configs load it with
+``custom_imports = dict(imports=['mmseg_mita.mmseg_plugin'],
+allow_failed_imports=False)`` (inherited from
+``configs/_base_/default_runtime.py``); scripts with
+``import mmseg_mita.mmseg_plugin  # noqa: F401``. Nothing else in the
+package changes torch, mmengine or mmseg; importing this module changes,
+once:
+
+* mmseg's registries: ``MODELS`` gets ``MiTAViT`` and ``CBTHead``,
+  ``TRANSFORMS`` gets ``CheckSegMap`` (:mod:`mmseg_mita.models`,
+  :mod:`mmseg_mita.datasets`);
+* mmengine's ``CheckpointLoader``: local files (the scheme with prefix
+  ``''``) are read by :func:`mmseg_mita.compat.load_local_checkpoint`,
+  which unpickles through the allow-list of :mod:`mmseg_mita.safe_load`
+  and reports damaged files (this serves ``load_from``, ``--resume``,
+  ``tools/test.py`` and ``init_cfg=dict(type='Pretrained')``);
+* mmengine's ``_init_dist_pytorch`` / ``_init_dist_slurm``,
+  ``MMDistributedDataParallel.__init__`` and ``AmpOptimWrapper.__init__``:
+  wrapped to work without CUDA (the CUDA path is unchanged);
+* mmseg's ``BaseSegDataset.load_data_list``: wrapped to name a missing or
+  empty data folder.
+
+Nothing is added to torch's safe globals. Details: :mod:`mmseg_mita.compat`.
+"""
+from . import compat
+from . import datasets, models  # noqa: F401  (fill mmseg's registries)
+
+compat.apply()
