@@ -19,6 +19,8 @@ OPTIONS = 'mmseg_mita/ops/options.py'
 BACKENDS = 'mmseg_mita/ops/backends.py'
 BACKEND_TEST = ['tests/ops/test_backends.py', 'tests/ops/test_variants.py']
 TRITON = 'mmseg_mita/ops/triton_backend.py'
+ROUTING = 'mmseg_mita/ops/routing.py'
+ROUTING_TEST = ['tests/ops/test_routing.py']
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
@@ -167,6 +169,26 @@ MUTATIONS = [
      "load_checkpoint(model, checkpoint, map_location='cpu', strict=True)",
      "load_checkpoint(model, checkpoint, map_location='cpu', strict=False)",
      [EXPORT_TEST + 'test_export_from_checkpoint']),
+    ('block layout capacity one block short per group', ROUTING,
+     'return num_tokens // block + min(num_experts, num_tokens)',
+     'return num_tokens // block + min(num_experts, num_tokens) - 1',
+     ROUTING_TEST),
+    ("rank not counted from the expert's first query", ROUTING,
+     'first_query = torch.cumsum(counts, 0) - counts',
+     'first_query = torch.cumsum(counts, 0) * 0', ROUTING_TEST),
+    ('blocks per expert rounded down', ROUTING,
+     'blocks = torch.div(counts + block - 1, block, rounding_mode=',
+     'blocks = torch.div(counts, block, rounding_mode=', ROUTING_TEST),
+    ('one-hot rank (export) counted from 1', ROUTING,
+     'rank = (onehot.cumsum(1) * onehot).sum(-1) - 1',
+     'rank = (onehot.cumsum(1) * onehot).sum(-1)',
+     ['tests/ops/test_export_backend.py']),
+    ('layout size read on the host', ROUTING,
+     'per_group = blocks_per_group(num_tokens, num_experts, block)',
+     'per_group = int(torch.tensor(blocks_per_group(num_tokens, '
+     'num_experts, block)))',
+     ['tests/ops/test_torch_compile.py::'
+      'test_forward_and_backward_without_host_sync']),
 ]
 
 

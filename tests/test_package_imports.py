@@ -29,6 +29,7 @@ def test_operator_imports_with_torch_alone():
         'import sys\n'
         'import mmseg_mita, mmseg_mita.ops, mmseg_mita.benchmarks, '
         'mmseg_mita.utils, mmseg_mita.safe_load\n'
+        'import mmseg_mita.benchmarks.launches\n'
         f'print(sorted({{m.split(".")[0] for m in sys.modules}} & {set(STACK)}))')
     assert loaded == '[]'
 

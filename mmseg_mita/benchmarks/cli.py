@@ -7,21 +7,25 @@ DTYPES = dict(float32=torch.float32, float16=torch.float16,
               bfloat16=torch.bfloat16, float64=torch.float64)
 
 
-def add_measuring_options(parser: argparse.ArgumentParser, *, repeats: int,
-                          time_budget: float, device: str = 'cpu',
-                          dtype: str = None, dtypes=tuple(DTYPES)) -> None:
+def add_measuring_options(parser: argparse.ArgumentParser, *,
+                          repeats: int = None, time_budget: float = None,
+                          device: str = 'cpu', dtype: str = None,
+                          dtypes=tuple(DTYPES)) -> None:
     """``--device``, ``--dtype`` (when given a default; one of ``dtypes``),
-    ``--repeats``, ``--time-budget``, ``--threads``, ``--seed`` and
-    ``--json``, with this tool's defaults; :func:`measuring_device` applies
-    them."""
+    ``--repeats`` and ``--time-budget`` (when given a default; tools that
+    time), ``--threads``, ``--seed`` and ``--json``, with this tool's
+    defaults; :func:`measuring_device` applies them."""
     parser.add_argument('--device', default=device)
     if dtype is not None:
         parser.add_argument('--dtype', default=dtype, choices=list(dtypes))
-    parser.add_argument('--repeats', type=int, default=repeats,
-                        help='timed runs per measurement')
-    parser.add_argument('--time-budget', type=float, default=time_budget,
-                        help='stop repeating a measurement once its runs '
-                        'add up to this many seconds (one run at least)')
+    if repeats is not None:
+        parser.add_argument('--repeats', type=int, default=repeats,
+                            help='timed runs per measurement')
+    if time_budget is not None:
+        parser.add_argument(
+            '--time-budget', type=float, default=time_budget,
+            help='stop repeating a measurement once its runs add up to '
+            'this many seconds (one run at least)')
     parser.add_argument('--threads', type=int, default=0,
                         help='torch CPU threads (0: torch default)')
     parser.add_argument('--seed', type=int, default=0)

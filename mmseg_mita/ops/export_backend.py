@@ -8,30 +8,31 @@ depends on the data:
   :mod:`.fixed_pooling` (MatMul; valid for any grid and a dynamic H, W);
 * routed keys: ``TopK`` with ``k = min(topk, N)`` computed as a tensor;
   routing: ``ArgMax``; shared expert: ``Softmax`` and ``MatMul``;
-* the routed attention in per-expert blocks, as the eager backend, but with
-  a fixed number of blocks: expert ``e`` with ``c_e`` queries needs
-  ``ceil(c_e / BLOCK)`` blocks, at most ``ceil((N + m (BLOCK - 1)) / BLOCK)``
-  in all, so every group gets that many (the unused ones hold zero queries).
-  A query's slot is its expert's first block times ``BLOCK`` plus its rank
-  among the expert's queries (a ``CumSum`` over a one-hot ``[G, N, m]``);
-  queries and their compressed logits are scattered to their slots
-  (``ScatterElements``), each block's ``k`` keys and values gathered once
-  (``Gather``), scored by one batched ``MatMul``, and the outputs gathered
-  back (``GatherElements``).
+* the routed attention in the per-expert blocks of every backend
+  (:func:`~.routing.block_layout`, ``BLOCK`` fixed: N is traced): expert
+  ``e`` with ``c_e`` queries needs ``ceil(c_e / BLOCK)`` blocks, at most
+  ``N // BLOCK + min(m, N)`` in all, so every group gets that many (the
+  unused ones hold zero queries). A query's slot is its expert's first
+  block times ``BLOCK`` plus its rank among the expert's queries (a
+  ``CumSum`` over a one-hot ``[G, N, m]``, the one step that differs from
+  the torch backend's stable sort, which ONNX lacks); queries and their
+  compressed logits are scattered to their slots (``ScatterElements``),
+  each block's ``k`` keys and values gathered once (``Gather``), scored by
+  one batched ``MatMul``, and the outputs gathered back
+  (``GatherElements``).
 
 No ``N x N`` tensor: everything is linear in ``N`` (slots: at most
-``N + m * BLOCK`` per group). Per-query copies of the expert's keys
+``N + min(m, N) * BLOCK`` per group). Per-query copies of the expert's keys
 (``[G * N, k, d]``) would also be linear, but ONNX Runtime ran this layout
 about 1.5x faster at N = 1025 (docs/deploy.md).
 """
-from typing import Sequence, Tuple, Union
+from typing import Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from .fixed_pooling import grid_pool_matrix
-
-Size = Union[int, Tensor]  # a Python int, or a traced size under export
+from .routing import Size, block_layout
 
 BLOCK = 16  # query slots per block (8, 16 and 32 ran alike in ONNX Runtime)
 
@@ -50,28 +51,6 @@ def _softmax(logits: Tensor) -> Tensor:
     if logits.dtype in (torch.float16, torch.bfloat16):
         return torch.softmax(logits.float(), dim=-1).to(logits.dtype)
     return torch.softmax(logits, dim=-1)
-
-
-def _block_layout(expert: Tensor, num_experts: int, num_tokens: Size):
-    """Slots of the queries in per-expert blocks of ``BLOCK``, with a fixed
-    number of blocks per group.
-
-    Returns ``slot`` [G, N] (of each query, within its group),
-    ``block_expert`` [G, blocks] (the expert of each block; the unused
-    blocks at the end get the last expert) and the slots per group.
-    """
-    experts = torch.arange(num_experts, device=expert.device)
-    onehot = (expert[..., None] == experts).long()  # [G, N, m]
-    counts = onehot.sum(1)  # [G, m]
-    rank = (onehot.cumsum(1) * onehot).sum(-1) - 1  # among its expert's
-    blocks = torch.div(counts + BLOCK - 1, BLOCK, rounding_mode='floor')
-    ends = blocks.cumsum(1)  # [G, m]
-    slot = (ends - blocks).gather(1, expert) * BLOCK + rank
-    num_blocks = (num_tokens + num_experts * (BLOCK - 1) + BLOCK - 1) // BLOCK
-    block_ids = torch.arange(num_blocks, device=expert.device)
-    block_expert = (ends[:, None, :] <= block_ids[:, None]).sum(-1)
-    return (slot, block_expert.clamp(max=num_experts - 1),
-            num_blocks * BLOCK)
 
 
 def mita_export(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[Size],
@@ -103,20 +82,21 @@ def mita_export(q: Tensor, k: Tensor, v: Tensor, hw: Sequence[Size],
     expert_keys = k.reshape(-1, d)[key_rows].view(g * m, -1, d)
     expert_values = v.reshape(-1, d)[key_rows].view(g * m, -1, d)
 
-    slot, block_expert, num_slots = _block_layout(expert, m, n)
-    rows = slot[..., None]  # [G, N, 1]
-    q_slots = q.new_zeros(g, num_slots, d).scatter(1, rows.expand(-1, -1, d),
-                                                   q)
-    compressed = route_logits.new_zeros(g, num_slots, m).scatter(
-        1, rows.expand(-1, -1, m), route_logits)
-    block_expert = (block_expert + (group * m)[:, None]).flatten()
-    keys = expert_keys[block_expert]  # [G * blocks, k, d]
-    values = expert_values[block_expert]
+    # Per-expert blocks (the one-hot ranks: ONNX has no stable sort).
+    layout = block_layout(expert, m, BLOCK, num_tokens=n, onehot=True)
+    num_slots = g * layout.slots_per_group
+    rows = layout.slot[:, None]  # [G * N, 1]
+    q_slots = q.new_zeros(num_slots, d).scatter(0, rows.expand(-1, d),
+                                                q.reshape(-1, d))
+    compressed = route_logits.new_zeros(num_slots, m).scatter(
+        0, rows.expand(-1, m), route_logits.reshape(-1, m))
+    keys = expert_keys[layout.block_expert]  # [G * blocks, k, d]
+    values = expert_values[layout.block_expert]
 
     # One softmax over the m compressed and the k routed logits.
     routed = (q_slots.view(-1, BLOCK, d) @ keys.transpose(1, 2)) * scale
     probs = _softmax(
         torch.cat([compressed.view(-1, BLOCK, m), routed], dim=-1))
-    out = probs[..., :m].reshape(g, num_slots, m) @ shared_values
-    out = out + (probs[..., m:] @ values).view(g, num_slots, d)
-    return out.gather(1, rows.expand(-1, -1, d)).view(b, heads, n, d)
+    out = probs[..., :m].reshape(g, -1, m) @ shared_values
+    out = out.view(-1, d) + (probs[..., m:] @ values).view(-1, d)
+    return out.gather(0, rows.expand(-1, d)).view(b, heads, n, d)

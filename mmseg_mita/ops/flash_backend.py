@@ -1,10 +1,9 @@
 """MiTA on flash-attn's public ``flash_attn_varlen_func`` (CUDA, fp16/bf16).
 
-Each global expert is one varlen "sequence": its routed queries attend to
-``[s R ; K_routed]`` with values ``[Vt ; V_routed]`` and softmax scale ``s``,
-which is exactly one softmax over the ``m`` compressed and ``k`` routed
-logits. One call, differentiable through flash-attn's own autograd.
-Routing-only leaves ``s R`` / ``Vt`` out of the key sets; compression-only
+Each global expert's routed queries attend to ``[s R ; K_routed]`` with
+values ``[Vt ; V_routed]`` and softmax scale ``s``, which is exactly one
+softmax over the ``m`` compressed and ``k`` routed logits. One call,
+differentiable through flash-attn's own autograd. Routing-only leaves ``s R`` / ``Vt`` out of the key sets; compression-only
 is one sequence per group over ``[s R]`` / ``[Vt]``. Several experts per
 query would need a key set per distinct expert tuple (up to ``N`` of them):
 not done here (the registry, :mod:`.backends`, declares
@@ -12,20 +11,29 @@ not done here (the registry, :mod:`.backends`, declares
 
 Contract (:mod:`.experts`): ``mita_flash(q, k, v, experts, dropout_p)`` for
 fp16/bf16 CUDA tensors with ``head_dim <= 256``, a multiple of 8;
-``dropout_p`` goes to flash-attn. Experts that receive no query are left
-out of the call (no empty varlen sequence); finding them, and the longest
-query sequence, reads two numbers on the host.
+``dropout_p`` goes to flash-attn. The queries are grouped by expert as in
+the torch backend (:func:`~.routing.block_layout`, blocks of ``BLOCK``
+slots): each block is one varlen sequence of ``BLOCK`` queries (zeros in
+the unused slots) over its expert's key set, so that no sequence is empty,
+``max_seqlen_q`` is ``BLOCK`` and nothing is read back to the host. The
+price: the unused blocks of the fixed capacity (up to ``min(m, N)`` per
+group) are computed too, and each block gets its own copy of its expert's
+key set.
 """
 import importlib.util
 from functools import lru_cache
 from typing import Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .experts import MiTAExperts
-from .routing import gather_routed, sort_by_expert
+from .routing import block_layout, gather_routed, to_slots
+
+
+# Query slots per block: the query tile of flash-attn's forward kernel
+# (128 rows for head_dim <= 128), which a shorter sequence would still fill.
+BLOCK = 128
 
 
 @lru_cache(maxsize=None)
@@ -83,9 +91,10 @@ def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                dropout_p: float = 0.0) -> Tensor:
     """MiTA of ``q``, ``k``, ``v`` [B, heads, N, d] given the shared part
     ``experts`` (contract in :mod:`.experts`), in one
-    ``flash_attn_varlen_func`` call: every global expert is one varlen
-    sequence of its queries over its key set (:func:`expert_key_sets`);
-    compression-only is one sequence per group. One routed expert per query
+    ``flash_attn_varlen_func`` call: every block of an expert's queries
+    (:func:`~.routing.block_layout`) is one varlen sequence over the
+    expert's key set (:func:`expert_key_sets`); compression-only is one
+    sequence per group. One routed expert per query
     (declared in :mod:`.backends`); ``dropout_p`` goes to flash-attn."""
     if experts.expert is None:
         return _compression_only(q, experts, dropout_p)
@@ -98,18 +107,19 @@ def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                                    experts)
     keys_per_expert = keys.shape[1]
 
-    order, _, counts = sort_by_expert(experts.expert[..., 0], m)
-    used = counts.nonzero().squeeze(1)  # experts that receive a query
-    counts = counts.index_select(0, used)
-    keys, values = keys.index_select(0, used), values.index_select(0, used)
-    cu_q = F.pad(torch.cumsum(counts, 0), (1, 0)).to(torch.int32)
-    cu_k = torch.arange(
-        used.numel() + 1, device=q.device,
-        dtype=torch.int32) * keys_per_expert
-    q_sorted = q.reshape(g * n, d).index_select(0, order)
+    # One varlen sequence per block of the layout: BLOCK query slots (zero
+    # queries in the unused ones, their outputs dropped) over the key set of
+    # the block's expert. Every sequence is BLOCK long (none empty, and
+    # max_seqlen_q is exact) and the number of blocks follows from the
+    # shapes: no host read.
+    layout = block_layout(experts.expert[..., 0], m, BLOCK)
+    num_blocks = layout.block_expert.numel()
+    keys = keys.index_select(0, layout.block_expert)
+    values = values.index_select(0, layout.block_expert)
+    starts = torch.arange(num_blocks + 1, device=q.device, dtype=torch.int32)
+    q_slots = to_slots(q.reshape(g * n, d), layout.slot, num_blocks * BLOCK)
     out = flash_attn_varlen_func(
-        q_sorted.unsqueeze(1), keys.reshape(-1, 1, d),
-        values.reshape(-1, 1, d), cu_q, cu_k, int(counts.max()),
-        keys_per_expert, dropout_p=dropout_p, softmax_scale=d**-0.5)
-    out = torch.empty_like(q_sorted).index_copy(0, order, out.squeeze(1))
-    return out.view(b, h, n, d)
+        q_slots.unsqueeze(1), keys.reshape(-1, 1, d),
+        values.reshape(-1, 1, d), starts * BLOCK, starts * keys_per_expert,
+        BLOCK, keys_per_expert, dropout_p=dropout_p, softmax_scale=d**-0.5)
+    return out.squeeze(1).index_select(0, layout.slot).view(b, h, n, d)

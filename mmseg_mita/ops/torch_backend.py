@@ -6,7 +6,9 @@ any device and floating dtype; autograd reaches ``q``, ``k``, ``v``,
 
 The queries, sorted by expert, sit in blocks of ``block`` slots that all
 belong to one expert (:func:`~.routing.block_layout`; unused slots hold a
-zero query whose output is dropped). Per query the logits are
+zero query whose output is dropped). The number of blocks follows from the
+shapes: no host read, and the whole call, hand-written backward included,
+traces into one graph under ``torch.compile(fullgraph=True)``. Per query the logits are
 ``[s^2 (q . R_j)]_j`` (the routing logits, reused) followed by
 ``[s q . K_t]`` for the ``k`` routed keys of its expert, scored by one
 batched matmul per block. One softmax covers both, so no merge of partial
@@ -31,12 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .experts import MiTAExperts, compute_dtype, softmax_fp32
-from .routing import BlockLayout, block_layout, routed_index
-
-
-def _to_slots(x: Tensor, slot: Tensor, num_slots: int) -> Tensor:
-    """Rows of ``x`` [Q, c] placed at their slots of a zero [num_slots, c]."""
-    return x.new_zeros(num_slots, x.shape[1]).index_copy_(0, slot, x)
+from .routing import BlockLayout, block_layout, routed_index, to_slots
 
 
 def _gather_blocks(x: Tensor, rows: Tensor, num_blocks: int) -> Tensor:
@@ -82,9 +79,9 @@ class ExpertBlockAttention(torch.autograd.Function):
         # logits [blocks, block, m + k]: compressed, then routed. Matmuls
         # write contiguous outputs only: into a strided view, CPU bmm falls
         # back to one small GEMM call per block (70x slower under load).
-        compressed = _to_slots(route_logits.reshape(g * n, m), layout.slot,
+        compressed = to_slots(route_logits.reshape(g * n, m), layout.slot,
                                g * slots).view(num_blocks, block, m)
-        q_slots = _to_slots(q.reshape(g * n, d), layout.slot,
+        q_slots = to_slots(q.reshape(g * n, d), layout.slot,
                             g * slots).view(num_blocks, block, d)
         routed = _scaled_bmm(
             q_slots, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
@@ -125,7 +122,7 @@ class ExpertBlockAttention(torch.autograd.Function):
             return _sum_into_keys(grad_blocks, key_rows, block_expert,
                                   q.shape)
 
-        grad_slots = _to_slots(grad_out.reshape(g * n, d), slot, g * slots)
+        grad_slots = to_slots(grad_out.reshape(g * n, d), slot, g * slots)
         grad_blocks = grad_slots.view(num_blocks, block, d)
         used = _dropped(probs, mask, ctx.dropout_p, v.dtype)
         grad_q = grad_k = grad_v = grad_route = grad_shared = None
@@ -159,7 +156,7 @@ class ExpertBlockAttention(torch.autograd.Function):
                 _scaled_bmm(grad_routed, _gather_blocks(k, rows, num_blocks),
                             d**-0.5), d)
         if need[1]:
-            q_slots = _to_slots(q.reshape(g * n, d), slot,
+            q_slots = to_slots(q.reshape(g * n, d), slot,
                                 g * slots).view(num_blocks, block, d)
             grad_k = to_keys(
                 _scaled_bmm(grad_routed.transpose(1, 2), q_slots, d**-0.5))
@@ -198,7 +195,7 @@ class MultiExpertAttention(torch.autograd.Function):
         rows = key_rows.index_select(0, layout.block_expert).flatten()
         pair_query = _pair_queries(g * n, s, q.device)
 
-        q_pairs = _to_slots(
+        q_pairs = to_slots(
             q.reshape(g * n, d).index_select(0, pair_query), layout.slot,
             slots).view(num_blocks, layout.block, d)
         routed = _scaled_bmm(
@@ -214,7 +211,7 @@ class MultiExpertAttention(torch.autograd.Function):
 
         mask = _keep_mask(probs, dropout_p)
         used = _dropped(probs, mask, dropout_p, v.dtype)
-        used_routed = _to_slots(used[:, m:].reshape(g * n * s, topk),
+        used_routed = to_slots(used[:, m:].reshape(g * n * s, topk),
                                 layout.slot, slots)
         out = torch.bmm(used_routed.view(num_blocks, layout.block, topk),
                         _gather_blocks(v, rows, num_blocks))
@@ -243,7 +240,7 @@ class MultiExpertAttention(torch.autograd.Function):
 
         def to_blocks(per_pair: Tensor) -> Tensor:
             width = per_pair.shape[-1]
-            return _to_slots(per_pair, slot, slots).view(
+            return to_slots(per_pair, slot, slots).view(
                 num_blocks, block, width)
 
         def to_pairs(blocks: Tensor) -> Tensor:
