@@ -56,12 +56,33 @@ def mark_step() -> None:
         mark()
 
 
+def host_sync(step: Callable[[], object]) -> str:
+    """Runs ``step()`` once with CUDA's synchronising calls made errors
+    (``torch.cuda.set_sync_debug_mode``); returns the error, or ``''`` if
+    the call never waits for the device (reads nothing on the host)."""
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        step()
+    except RuntimeError as error:
+        return str(error)
+    finally:
+        torch.cuda.set_sync_debug_mode('default')
+    return ''
+
+
 def capture_cuda_graph(step: Callable[[], object],
                        warmup: int = 3) -> Tuple[object, object]:
     """Warm ``step()`` up on a side stream, then record one call of it in a
     CUDA graph. Returns ``(graph, result)``: ``graph.replay()`` reruns the
     call, refreshing ``result`` (and every tensor the call wrote, such as
-    ``.grad``) in place."""
+    ``.grad``) in place. A call that synchronises with the host cannot be
+    recorded: it raises ``RuntimeError`` before any capture is attempted
+    (a capture that fails half-way can leave PyTorch's allocator unusable
+    for the rest of the process)."""
+    sync = host_sync(step)
+    if sync:
+        raise RuntimeError('not captured: the call synchronises with the '
+                           f'host ({sync.splitlines()[0][:300]})')
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
