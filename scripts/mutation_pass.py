@@ -4,6 +4,9 @@ alone to a fresh clone of this checkout's HEAD, the tests named for it run
 per mutation: CAUGHT (with the first failing test) or MISSED.
 
     .venv/bin/python scripts/mutation_pass.py   # about 5 min on 2 cores
+    .venv/bin/python scripts/mutation_pass.py 'GPU targets'  # those only
+
+Arguments select the mutations whose name contains one of them.
 """
 import os.path as osp
 import subprocess
@@ -14,6 +17,8 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 VIT = 'mmseg_mita/models/backbones/mita_vit.py'
 OP = 'mmseg_mita/ops/mita_attention.py'
 TRITON = 'mmseg_mita/ops/triton_backend.py'
+TARGETS = 'mmseg_mita/benchmarks/targets.py'
+TARGETS_TEST = ['tests/benchmarks/test_targets.py']
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
@@ -58,6 +63,19 @@ MUTATIONS = [
     ('Triton online softmax without rescaling its accumulator', TRITON,
      'acc = acc * alpha[:, None] + _dot(', 'acc = acc + _dot(',
      ['tests/ops/test_triton_backend.py']),
+    ('GPU targets: graph run further than the tolerance from eager counted',
+     TARGETS, "if e.get('rel_err_vs_eager', 0.0) > GRAPH_TOLERANCE:",
+     'if False:', TARGETS_TEST),
+    ('GPU targets: backend with a failed CUDA test counted', TARGETS,
+     'if backend is not None and correct.get(backend) is False:',
+     'if False:', TARGETS_TEST),
+    ('GPU targets: encoder time ratio met when above the bound', TARGETS,
+     'met=ratio <= bound', 'met=ratio >= bound', TARGETS_TEST),
+    ('benchmark encoder: patch grid handed to attention as (W, H)',
+     'mmseg_mita/benchmarks/encoder.py',
+     'attend_hw = functools.partial(attend, hw=hw)',
+     'attend_hw = functools.partial(attend, hw=hw[::-1])',
+     ['tests/benchmarks/test_encoder.py']),
 ]
 
 
@@ -74,6 +92,8 @@ def main():
         clone = osp.join(tmp, 'clone')
         subprocess.run(['git', 'clone', '-q', REPO, clone], check=True)
         for name, path, old, new, tests in MUTATIONS:
+            if sys.argv[1:] and not any(a in name for a in sys.argv[1:]):
+                continue
             target = osp.join(clone, path)
             with open(target) as f:
                 source = f.read()
