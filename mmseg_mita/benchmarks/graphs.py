@@ -17,10 +17,15 @@ from torch import Tensor
 
 def reset_compiler() -> None:
     """Forget every compiled function (a fresh cache for the next shape:
-    dynamo's cache of a function holds a few shapes only) and the
+    dynamo's cache of a function holds a few graphs only, 8 by default, and
+    runs it eagerly beyond: the limit is raised to 64 here) and the
     graph-break counts."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    config = torch._dynamo.config
+    name = ('recompile_limit' if hasattr(config, 'recompile_limit') else
+            'cache_size_limit')
+    setattr(config, name, max(getattr(config, name), 64))
 
 
 def graph_breaks() -> int:
