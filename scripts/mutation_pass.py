@@ -6,6 +6,10 @@ per mutation: CAUGHT (with the first failing test) or MISSED.
     .venv/bin/python scripts/mutation_pass.py   # about 8 min on 2 cores
     .venv/bin/python scripts/mutation_pass.py export helper   # only the
                           # mutations whose name contains one of the words
+    .venv/bin/python scripts/mutation_pass.py   # about 5 min on 2 cores
+    .venv/bin/python scripts/mutation_pass.py 'GPU targets'  # those only
+
+Arguments select the mutations whose name contains one of them.
 """
 import os.path as osp
 import subprocess
@@ -21,6 +25,8 @@ BACKEND_TEST = ['tests/ops/test_backends.py', 'tests/ops/test_variants.py']
 TRITON = 'mmseg_mita/ops/triton_backend.py'
 ROUTING = 'mmseg_mita/ops/routing.py'
 ROUTING_TEST = ['tests/ops/test_routing.py']
+TARGETS = 'mmseg_mita/benchmarks/targets.py'
+TARGETS_TEST = ['tests/benchmarks/test_targets.py']
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
@@ -189,6 +195,19 @@ MUTATIONS = [
      'num_experts, block)))',
      ['tests/ops/test_torch_compile.py::'
       'test_forward_and_backward_without_host_sync']),
+    ('GPU targets: graph run further than the tolerance from eager counted',
+     TARGETS, "if e.get('rel_err_vs_eager', 0.0) > GRAPH_TOLERANCE:",
+     'if False:', TARGETS_TEST),
+    ('GPU targets: backend with a failed CUDA test counted', TARGETS,
+     'if backend is not None and correct.get(backend) is False:',
+     'if False:', TARGETS_TEST),
+    ('GPU targets: encoder time ratio met when above the bound', TARGETS,
+     'met=ratio <= bound', 'met=ratio >= bound', TARGETS_TEST),
+    ('benchmark encoder: patch grid handed to attention as (W, H)',
+     'mmseg_mita/benchmarks/encoder.py',
+     'attend_hw = functools.partial(attend, hw=hw)',
+     'attend_hw = functools.partial(attend, hw=hw[::-1])',
+     ['tests/benchmarks/test_encoder.py']),
 ]
 
 

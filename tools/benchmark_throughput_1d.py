@@ -23,7 +23,6 @@ every measurement; the printed table gives tokens/s and the speed-up over
 full attention at the same N.
 """
 import argparse
-import json
 import math
 import sys
 import time
@@ -32,35 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmseg_mita.benchmarks import (DTYPES, add_measuring_options, machine_info,
-                                   measuring_device, run_timed, summarize,
-                                   synchronize)
+from mmseg_mita.benchmarks import (DTYPES, add_measuring_options, run_timed,
+                                   start_measuring, summarize, synchronize)
+from mmseg_mita.benchmarks.encoder import Block
 from mmseg_mita.ops import mita_attention
 from mmseg_mita.utils import write_json
-
-
-
-class Block(nn.Module):
-    """Pre-norm Transformer block; ``attend(q, k, v)`` is the attention."""
-
-    def __init__(self, dim: int, heads: int, mlp_ratio: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(),
-                                 nn.Linear(mlp_ratio * dim, dim))
-
-    def forward(self, x, attend):
-        b, n, c = x.shape
-        qkv = self.qkv(self.norm1(x)).view(b, n, 3, self.heads,
-                                           c // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        out = attend(q, k, v).transpose(1, 2).reshape(b, n, c)
-        x = x + self.proj(out)
-        return x + self.mlp(self.norm2(x))
 
 
 class Transformer1d(nn.Module):
@@ -238,9 +213,7 @@ def format_table(records) -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    device = measuring_device(args)
-    info = machine_info(device)
-    print(json.dumps(info), file=sys.stderr)
+    device, info = start_measuring(args)
     start = time.perf_counter()
     records = bench(args, device)
     model = dict(depth=args.depth, dim=args.dim, heads=args.heads,

@@ -1,7 +1,12 @@
 """Command-line options shared by the benchmark tools."""
 import argparse
+import json
+import sys
+from typing import Dict, Tuple
 
 import torch
+
+from .measure import machine_info
 
 DTYPES = dict(float32=torch.float32, float16=torch.float16,
               bfloat16=torch.bfloat16, float64=torch.float64)
@@ -38,3 +43,22 @@ def measuring_device(args: argparse.Namespace) -> torch.device:
     if args.threads:
         torch.set_num_threads(args.threads)
     return torch.device(args.device)
+
+
+def add_deadline_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--max-seconds``: start no ``what`` once that many seconds are
+    spent (0: no limit), so that a run under an outer time limit ends by
+    itself with what it measured."""
+    parser.add_argument('--max-seconds', type=float, default=0,
+                        help=f'start no {what} after this many seconds '
+                        '(0: no limit)')
+
+
+def start_measuring(args: argparse.Namespace
+                    ) -> Tuple[torch.device, Dict[str, object]]:
+    """:func:`measuring_device`, and the machine information (printed on
+    stderr as JSON)."""
+    device = measuring_device(args)
+    info = machine_info(device)
+    print(json.dumps(info), file=sys.stderr)
+    return device, info

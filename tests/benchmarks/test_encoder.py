@@ -1,0 +1,90 @@
+"""mmseg_mita.benchmarks.encoder and tools/benchmark_{encoder,op_shapes}.py
+at tiny sizes on CPU."""
+import json
+
+import pytest
+import torch
+
+from mmseg_mita.benchmarks.encoder import (ViTEncoder, mita_attend,
+                                           sdpa_attention)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return ViTEncoder(dim=16, depth=2, heads=2, mlp_ratio=4, patch=4,
+                      pos_grid=(4, 4))
+
+
+@pytest.mark.parametrize('attend', [sdpa_attention, mita_attend('torch', 2,
+                                                                3)])
+def test_encoder_runs_forward_and_backward(attend):
+    model = _tiny()
+    calls = []
+
+    def recording(q, k, v, hw):
+        calls.append((tuple(q.shape), hw))
+        return attend(q, k, v, hw)
+
+    images = torch.randn(2, 3, 16, 20)  # a 4 x 5 patch grid: pos resized
+    out = model(images, recording)
+    assert out.shape == (2, 1 + 4 * 5, 16)
+    out.square().mean().backward()
+    assert calls == [((2, 2, 21, 8), (4, 5))] * 2  # every layer, cls first
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_mita_encoder_differs_from_sdpa_and_has_vit_s_defaults():
+    model = _tiny()
+    images = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        full = model(images, sdpa_attention)
+        mita = model(images, mita_attend('torch', 2, 3))
+    assert not torch.allclose(full, mita)  # 3 of 17 keys: not attention
+    vit_s = ViTEncoder()
+    assert len(vit_s.blocks) == 12 and vit_s.blocks[0].heads == 6
+    assert vit_s.patch_embed.out_channels == 384
+    assert vit_s.patch_embed.kernel_size == (16, 16)
+    assert vit_s.blocks[0].mlp[0].out_features == 4 * 384
+    assert vit_s.pos_embed.shape == (1, 1 + 32 * 32, 384)
+
+
+def test_benchmark_encoder_tiny_run(tmp_path, capsys):
+    import benchmark_encoder
+    out = tmp_path / 'e.json'
+    result = benchmark_encoder.main([
+        '--device', 'cpu', '--dtype', 'float32', '--settings',
+        'train:16x16:2', 'infer:16x20:1', '--backends', 'torch', '--modes',
+        'eager', '--dim', '16', '--depth', '1', '--heads', '2', '--patch',
+        '4', '--pool-size', '2', '--topk', '3', '--repeats', '1', '--json',
+        str(out)
+    ])
+    assert 'x SDPA time' in capsys.readouterr().out
+    saved = json.loads(out.read_text())['results']
+    assert [(r['setting'], r['method'], r['tokens']) for r in saved] == [
+        ('train:16x16:2', 'sdpa', 17), ('train:16x16:2', 'mita_torch', 17),
+        ('infer:16x20:1', 'sdpa', 21), ('infer:16x20:1', 'mita_torch', 21)]
+    for r in result['results']:
+        assert r['best_s'] > 0 and r['peak_bytes'] > 0 and 'error' not in r
+        assert r['time_ratio'] > 0
+    with pytest.raises(SystemExit):
+        benchmark_encoder.parse_args(['--settings', 'fit:16x16:2'])
+
+
+def test_op_shapes_grid_layout_and_failed_mode_is_recorded(tmp_path):
+    import benchmark_op_shapes as ops
+    assert [ops.grid(n, 1) for n in (1025, 4097, 8193, 65537)] == [
+        (32, 32), (64, 64), (64, 128), (256, 256)]
+    assert [ops.layout(bh, 6) for bh in (12, 96, 6, 1)] == [
+        (2, 6), (16, 6), (1, 6), (1, 1)]
+    result = ops.main([
+        '--device', 'cpu', '--dtype', 'float32', '--shapes', '17:2',
+        '--head-dim', '8', '--pool-size', '2', '--topk', '3', '--backends',
+        'torch', '--graph', 'cudagraph', '--repeats', '1', '--min-run-ms',
+        '0', '--json', str(tmp_path / 'o.json')
+    ])
+    methods = result['results'][0]['methods']
+    assert methods['mita_torch']['eager']['speedup_vs_sdpa'] > 0
+    assert 'CUDA' in methods['mita_torch']['cudagraph']['error']
+    assert json.loads((tmp_path / 'o.json').read_text())['results'][0][
+        'grid'] == [4, 4]
