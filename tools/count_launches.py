@@ -10,9 +10,10 @@ H * W = N - 1); head_dim 64, m = k = 49 (``--pool-size 7 --topk 49``).
 Counted as ``mmseg_mita.benchmarks.launches`` says: ATen ops that launch
 work (views, allocations and metadata ops left out; the inner ops of a
 ``torch.library.custom_op`` included), Triton launches, host syncs; after
-one uncounted warm-up call on a GPU (compiling, autotuning). On CPU the Triton backend runs under
-``TRITON_INTERPRET=1`` (set here before triton is imported; slow at large
-N). With ``--device cuda`` the CUDA kernels come from ``torch.profiler``.
+one uncounted warm-up call on a GPU (compiling, autotuning). On CPU the
+Triton backend runs under ``TRITON_INTERPRET=1`` (set here before triton is
+imported; slow at large N). With ``--device cuda`` the CUDA kernels come
+from ``torch.profiler``.
 """
 import argparse
 import math

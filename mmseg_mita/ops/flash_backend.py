@@ -5,10 +5,10 @@ values ``[Vt ; V_routed]`` and softmax scale ``s``, which is exactly one
 softmax over the ``m`` compressed and ``k`` routed logits. One call,
 differentiable through flash-attn's own autograd. Routing-only leaves
 ``s R`` / ``Vt`` out of the key sets; compression-only is one sequence per
-group over ``[s R]`` / ``[Vt]``. Several experts per
-query would need a key set per distinct expert tuple (up to ``N`` of them):
-not done here (the registry, :mod:`.backends`, declares
-``experts_per_query <= 1``; use the torch backend).
+group over ``[s R]`` / ``[Vt]``. Several experts per query would need a
+key set per distinct expert tuple (up to ``N`` of them): not done here (the
+registry, :mod:`.backends`, declares ``experts_per_query <= 1``; use the
+torch backend).
 
 Contract (:mod:`.experts`): ``mita_flash(q, k, v, experts, dropout_p)`` for
 fp16/bf16 CUDA tensors with ``head_dim <= 256``, a multiple of 8;

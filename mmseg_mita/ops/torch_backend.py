@@ -8,8 +8,8 @@ The queries, sorted by expert, sit in blocks of ``block`` slots that all
 belong to one expert (:func:`~.routing.block_layout`; unused slots hold a
 zero query whose output is dropped). The number of blocks follows from the
 shapes: no host read, and the whole call, hand-written backward included,
-traces into one graph under ``torch.compile(fullgraph=True)``. Per query the logits are
-``[s^2 (q . R_j)]_j`` (the routing logits, reused) followed by
+traces into one graph under ``torch.compile(fullgraph=True)``. Per query the
+logits are ``[s^2 (q . R_j)]_j`` (the routing logits, reused) followed by
 ``[s q . K_t]`` for the ``k`` routed keys of its expert, scored by one
 batched matmul per block. One softmax covers both, so no merge of partial
 softmaxes is needed; the compressed probabilities meet the shared values
