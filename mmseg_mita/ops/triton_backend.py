@@ -119,31 +119,49 @@ def _group_base(g, heads, stride_b, stride_h):
 
 
 @triton.jit
+def _row_offsets(rows, row_mask, stride_n, offs_d, d_mask):
+    """Offsets and 2-D mask of rows ``rows`` (int64) of a [N, d] matrix
+    (row stride ``stride_n``, contiguous last dim)."""
+    return (rows[:, None] * stride_n + offs_d[None, :],
+            row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
 def _load_rows(ptr, rows, row_mask, stride_n, offs_d, d_mask):
     """Rows ``rows`` (int64) of a [N, d] matrix (row stride ``stride_n``,
-    contiguous last dim), zero where masked; their offsets and 2-D mask."""
-    offs = rows[:, None] * stride_n + offs_d[None, :]
-    mask = row_mask[:, None] & d_mask[None, :]
-    return tl.load(ptr + offs, mask=mask, other=0.0), offs, mask
+    contiguous last dim), zero where masked."""
+    offs, mask = _row_offsets(rows, row_mask, stride_n, offs_d, d_mask)
+    return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _bin_bounds(offs_l, hgt, wid, ph, pw):
+    """PyTorch's adaptive-pooling bin of landmark ``offs_l`` (row-major on
+    ``ph x pw``; bin i of an axis of length L is ``[floor(i L / p),
+    ceil((i + 1) L / p))``, bins may overlap): first and end row, first and
+    end column on the ``hgt x wid`` grid."""
+    bi = offs_l // pw
+    bj = offs_l % pw
+    return (bi * hgt // ph, ((bi + 1) * hgt + ph - 1) // ph, bj * wid // pw,
+            ((bj + 1) * wid + pw - 1) // pw)
+
+
+@triton.jit
+def _bin_size(offs_l, hgt, wid, ph, pw):
+    """Patches in the bin of landmark ``offs_l``."""
+    r0, r1, c0, c1 = _bin_bounds(offs_l, hgt, wid, ph, pw)
+    return (r1 - r0) * (c1 - c0)
 
 
 @triton.jit
 def _bins(offs_l, offs_p, hgt, wid, ph, pw):
-    """PyTorch's adaptive-pooling bins: [L, P] whether patch ``offs_p``
-    (row-major on the ``hgt x wid`` grid) lies in the bin of landmark
-    ``offs_l`` (row-major on ``ph x pw``; bin i of an axis of length L is
-    ``[floor(i L / p), ceil((i + 1) L / p))``), and each bin's size [L]."""
-    bi = offs_l // pw
-    bj = offs_l % pw
-    r0 = bi * hgt // ph
-    r1 = ((bi + 1) * hgt + ph - 1) // ph
-    c0 = bj * wid // pw
-    c1 = ((bj + 1) * wid + pw - 1) // pw
+    """[L, P]: whether patch ``offs_p`` (row-major on the ``hgt x wid``
+    grid) lies in the bin of landmark ``offs_l``."""
+    r0, r1, c0, c1 = _bin_bounds(offs_l, hgt, wid, ph, pw)
     r = (offs_p // wid)[None, :]
     c = (offs_p % wid)[None, :]
-    member = ((r0[:, None] <= r) & (r < r1[:, None]) & (c0[:, None] <= c)
-              & (c < c1[:, None]))
-    return member, (r1 - r0) * (c1 - c0)
+    return ((r0[:, None] <= r) & (r < r1[:, None]) & (c0[:, None] <= c)
+            & (c < c1[:, None]))
 
 
 @triton.jit
@@ -155,8 +173,8 @@ def _online_softmax(m_i, l_i, acc, logits, values, PRECISION: tl.constexpr,
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(logits - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(_cast(p, values.dtype, UPCAST), values,
-                                      PRECISION, UPCAST)
+    acc = acc * alpha[:, None] + _dot(
+        _cast(p, values.dtype, UPCAST), values, PRECISION, UPCAST)
     return m_new, l_i, acc
 
 
@@ -196,11 +214,51 @@ def _block_queries(SLOTS, g, blk, slots_per_group, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _routed_keys(TOPK, g, expert, offs_n, k, m, n_mask):
-    """Token rows (int64) of the expert's routed keys ``offs_n``."""
-    return tl.load(TOPK + (g * m + expert).to(tl.int64) * k + offs_n,
-                   mask=n_mask,
-                   other=0)
+def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
+           num_blocks, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The block of this program (grid: group, block): its group, its expert
+    (-1 unused), its queries' rows and mask, the head-dim offsets and mask,
+    and the queries."""
+    g = tl.program_id(0)
+    blk = tl.program_id(1)
+    expert = tl.load(BLOCK_EXPERT + g * num_blocks + blk)
+    rows, row_mask = _block_queries(SLOTS, g, blk, slots_per_group, BLOCK)
+    offs_d, d_mask = _head_dim(d, BLOCK_D)
+    q = _load_rows(Q + _group_base(g, heads, sqb, sqh), rows, row_mask, sqn,
+                   offs_d, d_mask)
+    return g, expert, rows, row_mask, offs_d, d_mask, q
+
+
+@triton.jit
+def _routed_keys(TOPK, k_base, v_base, g, expert, n0, k, m, skn, svn, offs_d,
+                 d_mask, BLOCK_N: tl.constexpr):
+    """Keys ``n0 .. n0 + BLOCK_N`` of the expert, read by index from K and V
+    (group bases ``k_base``, ``v_base``): their mask, token rows (int64),
+    keys and values."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < k
+    key_rows = tl.load(
+        TOPK + (g * m + expert).to(tl.int64) * k + offs_n,
+        mask=n_mask,
+        other=0)
+    keys = _load_rows(k_base, key_rows, n_mask, skn, offs_d, d_mask)
+    values = _load_rows(v_base, key_rows, n_mask, svn, offs_d, d_mask)
+    return n_mask, key_rows, keys, values
+
+
+@triton.jit
+def _add_key_grads(DK, DV, offs, mask, ds, p, q, do, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """Add ``dS^T q`` into ``DK`` and ``P^T dO`` into ``DV`` (float32
+    atomics) at ``offs``."""
+    tl.atomic_add(
+        DK + offs,
+        _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION, UPCAST),
+        mask=mask)
+    tl.atomic_add(
+        DV + offs,
+        _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION, UPCAST),
+        mask=mask)
 
 
 @triton.jit(do_not_specialize=['n', 'hgt', 'wid', 'first'])
@@ -224,13 +282,14 @@ def _landmarks_fwd(Q, K, V, R, VT, LSE_R, KEY_LOGITS, n, m, d, heads, first,
     for p0 in range(p_start, p_end, BLOCK_N):
         offs_p = p0 + tl.arange(0, BLOCK_N)
         p_mask = offs_p < p_end
-        member, size = _bins(offs_l, offs_p, hgt, wid, ph, pw)
-        patches, _, _ = _load_rows(q_base, offs_p.to(tl.int64), p_mask, sqn,
-                                   offs_d, d_mask)
-        pooled += _dot(_cast(member.to(tl.float32), patches.dtype, UPCAST),
-                       patches, PRECISION, UPCAST)
-    marks = _cast(pooled / tl.where(l_mask, size, 1)[:, None],
-                  R.dtype.element_ty, UPCAST)
+        member = _bins(offs_l, offs_p, hgt, wid, ph, pw)
+        patches = _load_rows(q_base, offs_p.to(tl.int64), p_mask, sqn, offs_d,
+                             d_mask)
+        pooled += _dot(
+            _cast(member.to(tl.float32), patches.dtype, UPCAST), patches,
+            PRECISION, UPCAST)
+    size = tl.where(l_mask, _bin_size(offs_l, hgt, wid, ph, pw), 1)
+    marks = _cast(pooled / size[:, None], R.dtype.element_ty, UPCAST)
     tl.store(R + r_offs, marks, mask=r_mask)
 
     k_base = K + _group_base(g, heads, skb, skh)
@@ -241,21 +300,23 @@ def _landmarks_fwd(Q, K, V, R, VT, LSE_R, KEY_LOGITS, n, m, d, heads, first,
     for n0 in range(0, n, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < n
-        keys, _, _ = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn,
-                                offs_d, d_mask)
-        values, _, _ = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn,
-                                  offs_d, d_mask)
+        keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
+                          d_mask)
+        values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
+                            d_mask)
         logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
-        tl.store(KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-                 offs_n[None, :],
-                 logits,
-                 mask=l_mask[:, None] & n_mask[None, :])
+        tl.store(
+            KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
+            offs_n[None, :],
+            logits,
+            mask=l_mask[:, None] & n_mask[None, :])
         logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
         m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
                                         PRECISION, UPCAST)
-    tl.store(VT + r_offs,
-             _cast(acc / l_i[:, None], VT.dtype.element_ty, UPCAST),
-             mask=r_mask)
+    tl.store(
+        VT + r_offs,
+        _cast(acc / l_i[:, None], VT.dtype.element_ty, UPCAST),
+        mask=r_mask)
     tl.store(LSE_R + g * m + offs_l, m_i + tl.log2(l_i), mask=l_mask)
 
 
@@ -270,9 +331,9 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
     g = tl.program_id(0)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     offs_e = tl.arange(0, M_PAD)
-    e_mask = offs_e < m
     if ROUTE:
-        r_offs, r_mask, _ = _landmark_rows(g, offs_e, m, d, offs_d, d_mask)
+        r_offs, r_mask, e_mask = _landmark_rows(g, offs_e, m, d, offs_d,
+                                                d_mask)
         marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
     q_base = Q + _group_base(g, heads, sqb, sqh)
     group_slots = SLOTS + g.to(tl.int64) * slots_per_group
@@ -285,8 +346,8 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
         offs_i = i0 + tl.arange(0, BLOCK)
         i_mask = offs_i < n
         if ROUTE:
-            q, _, _ = _load_rows(q_base, offs_i.to(tl.int64), i_mask, sqn,
-                                 offs_d, d_mask)
+            q = _load_rows(q_base, offs_i.to(tl.int64), i_mask, sqn, offs_d,
+                           d_mask)
             scores = _dot(q, tl.trans(marks), PRECISION, UPCAST)
             scores = tl.where(e_mask[None, :], scores, -float('inf'))
             expert = tl.argmax(scores, 1)
@@ -302,9 +363,10 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
         offs_b = b0 + tl.arange(0, BLOCK)
         owner = tl.sum((blocks_end[None, :] <= offs_b[:, None]).to(tl.int32),
                        1)
-        tl.store(BLOCK_EXPERT + g * num_blocks + offs_b,
-                 tl.where(owner < m, owner, -1),
-                 mask=offs_b < num_blocks)
+        tl.store(
+            BLOCK_EXPERT + g * num_blocks + offs_b,
+            tl.where(owner < m, owner, -1),
+            mask=offs_b < num_blocks)
     tl.debug_barrier()  # pass 2 reads EXPERT and overwrites the -1 slots
     # Pass 2: stable rank of each query among its expert's.
     taken = tl.zeros([M_PAD], tl.int32)
@@ -329,15 +391,11 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr):
     """Output and log-sum-exp (base 2) of the queries of one block."""
-    g = tl.program_id(0)
-    blk = tl.program_id(1)
-    expert = tl.load(BLOCK_EXPERT + g * num_blocks + blk)
+    g, expert, rows, row_mask, offs_d, d_mask, q = _block(
+        Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
+        num_blocks, BLOCK, BLOCK_D)
     if expert < 0:
         return
-    rows, row_mask = _block_queries(SLOTS, g, blk, slots_per_group, BLOCK)
-    offs_d, d_mask = _head_dim(d, BLOCK_D)
-    q, _, _ = _load_rows(Q + _group_base(g, heads, sqb, sqh), rows, row_mask,
-                         sqn, offs_d, d_mask)
     m_i = tl.full([BLOCK], -float('inf'), tl.float32)
     l_i = tl.zeros([BLOCK], tl.float32)
     acc = tl.zeros([BLOCK, BLOCK_D], tl.float32)
@@ -356,48 +414,44 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     k_base = K + _group_base(g, heads, skb, skh)
     v_base = V + _group_base(g, heads, svb, svh)
     for n0 in range(0, k, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < k
-        key_rows = _routed_keys(TOPK, g, expert, offs_n, k, m, n_mask)
-        keys, _, _ = _load_rows(k_base, key_rows, n_mask, skn, offs_d, d_mask)
-        values, _, _ = _load_rows(v_base, key_rows, n_mask, svn, offs_d,
-                                  d_mask)
+        n_mask, key_rows, keys, values = _routed_keys(TOPK, k_base, v_base, g,
+                                                      expert, n0, k, m, skn,
+                                                      svn, offs_d, d_mask,
+                                                      BLOCK_N)
         logits = _dot(q, tl.trans(keys), PRECISION, UPCAST)
         logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
         m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
                                         PRECISION, UPCAST)
     out_rows = g.to(tl.int64) * n + rows
-    _, o_offs, o_mask = _load_rows(OUT, out_rows, row_mask, d, offs_d, d_mask)
-    tl.store(OUT + o_offs,
-             _cast(acc / l_i[:, None], OUT.dtype.element_ty, UPCAST),
-             mask=o_mask)
+    o_offs, o_mask = _row_offsets(out_rows, row_mask, d, offs_d, d_mask)
+    tl.store(
+        OUT + o_offs,
+        _cast(acc / l_i[:, None], OUT.dtype.element_ty, UPCAST),
+        mask=o_mask)
     tl.store(LSE + out_rows, m_i + tl.log2(l_i), mask=row_mask)
 
 
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
-def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, DO, DQ,
-                 DK, DV, DR, DVT, n, m, k, d, heads, sqb, sqh, sqn, skb, skh,
-                 skn, svb, svh, svn, sob, soh, son, slots_per_group,
-                 num_blocks, qk_scale, rl_scale, scale, BLOCK: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
+                 d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
+                 slots_per_group, num_blocks, qk_scale, rl_scale, DO, DQ_ACC,
+                 DK_ACC, DV_ACC, DR, DVT, sob, soh, son, scale,
+                 BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
     """Gradients through the expert attention of one block of queries:
     ``dq`` (float32, stored), and ``dR``, ``dVt`` and the routed keys'
     ``dk``, ``dv`` (float32, added atomically)."""
-    g = tl.program_id(0)
-    blk = tl.program_id(1)
-    expert = tl.load(BLOCK_EXPERT + g * num_blocks + blk)
+    g, expert, rows, row_mask, offs_d, d_mask, q = _block(
+        Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
+        num_blocks, BLOCK, BLOCK_D)
     if expert < 0:
         return
-    rows, row_mask = _block_queries(SLOTS, g, blk, slots_per_group, BLOCK)
-    offs_d, d_mask = _head_dim(d, BLOCK_D)
-    q, _, _ = _load_rows(Q + _group_base(g, heads, sqb, sqh), rows, row_mask,
-                         sqn, offs_d, d_mask)
-    do, _, _ = _load_rows(DO + _group_base(g, heads, sob, soh), rows, row_mask,
-                          son, offs_d, d_mask)
+    do = _load_rows(DO + _group_base(g, heads, sob, soh), rows, row_mask, son,
+                    offs_d, d_mask)
     out_rows = g.to(tl.int64) * n + rows
-    out, o_offs, o_mask = _load_rows(OUT, out_rows, row_mask, d, offs_d,
-                                     d_mask)
+    o_offs, o_mask = _row_offsets(out_rows, row_mask, d, offs_d, d_mask)
+    out = tl.load(OUT + o_offs, mask=o_mask, other=0.0)
     delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
     lse = tl.load(LSE + out_rows, mask=row_mask, other=0.0)
     dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
@@ -409,42 +463,27 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, DO, DQ,
         p = _probs(q, marks, lse, row_mask[:, None] & n_mask[None, :],
                    rl_scale, PRECISION, UPCAST)
         values = tl.load(VT + r_offs, mask=r_mask, other=0.0)
-        ds = _score_grad(p, do, values, delta, PRECISION,
-                         UPCAST) * (scale * scale)
+        ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * (
+            scale * scale)
         dq += _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION, UPCAST)
-        tl.atomic_add(DR + r_offs,
-                      _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION,
-                           UPCAST),
-                      mask=r_mask)
-        tl.atomic_add(DVT + r_offs,
-                      _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION,
-                           UPCAST),
-                      mask=r_mask)
+        _add_key_grads(DR, DVT, r_offs, r_mask, ds, p, q, do, PRECISION,
+                       UPCAST)
     k_base = K + _group_base(g, heads, skb, skh)
     v_base = V + _group_base(g, heads, svb, svh)
     for n0 in range(0, k, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < k
-        key_rows = _routed_keys(TOPK, g, expert, offs_n, k, m, n_mask)
-        keys, _, _ = _load_rows(k_base, key_rows, n_mask, skn, offs_d, d_mask)
-        values, _, _ = _load_rows(v_base, key_rows, n_mask, svn, offs_d,
-                                  d_mask)
+        n_mask, key_rows, keys, values = _routed_keys(TOPK, k_base, v_base, g,
+                                                      expert, n0, k, m, skn,
+                                                      svn, offs_d, d_mask,
+                                                      BLOCK_N)
         p = _probs(q, keys, lse, row_mask[:, None] & n_mask[None, :], qk_scale,
                    PRECISION, UPCAST)
         ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * scale
         dq += _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST)
-        _, kv_offs, kv_mask = _load_rows(DK,
-                                         g.to(tl.int64) * n + key_rows, n_mask,
-                                         d, offs_d, d_mask)
-        tl.atomic_add(DK + kv_offs,
-                      _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION,
-                           UPCAST),
-                      mask=kv_mask)
-        tl.atomic_add(DV + kv_offs,
-                      _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION,
-                           UPCAST),
-                      mask=kv_mask)
-    tl.store(DQ + o_offs, dq, mask=o_mask)
+        kv_offs, kv_mask = _row_offsets(
+            g.to(tl.int64) * n + key_rows, n_mask, d, offs_d, d_mask)
+        _add_key_grads(DK_ACC, DV_ACC, kv_offs, kv_mask, ds, p, q, do,
+                       PRECISION, UPCAST)
+    tl.store(DQ_ACC + o_offs, dq, mask=o_mask)
 
 
 @triton.jit(do_not_specialize=['n'])
@@ -458,13 +497,13 @@ def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < n
     offs_d, d_mask = _head_dim(d, BLOCK_D)
-    keys, _, _ = _load_rows(K + _group_base(g, heads, skb, skh),
-                            offs_n.to(tl.int64), n_mask, skn, offs_d, d_mask)
-    values, _, _ = _load_rows(V + _group_base(g, heads, svb, svh),
-                              offs_n.to(tl.int64), n_mask, svn, offs_d, d_mask)
-    dk, kv_offs, kv_mask = _load_rows(DK_ACC,
-                                      g.to(tl.int64) * n + offs_n, n_mask, d,
-                                      offs_d, d_mask)
+    keys = _load_rows(K + _group_base(g, heads, skb, skh), offs_n.to(tl.int64),
+                      n_mask, skn, offs_d, d_mask)
+    values = _load_rows(V + _group_base(g, heads, svb, svh),
+                        offs_n.to(tl.int64), n_mask, svn, offs_d, d_mask)
+    kv_offs, kv_mask = _row_offsets(
+        g.to(tl.int64) * n + offs_n, n_mask, d, offs_d, d_mask)
+    dk = tl.load(DK_ACC + kv_offs, mask=kv_mask, other=0.0)
     dv = tl.load(DV_ACC + kv_offs, mask=kv_mask, other=0.0)
     for l0 in range(0, m, BLOCK_N):
         offs_l = l0 + tl.arange(0, BLOCK_N)
@@ -480,20 +519,18 @@ def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
             1)
         dvt = _cast(dvt, values.dtype, UPCAST)
         ds = _score_grad(p, dvt, values, delta, PRECISION, UPCAST) * scale
-        tl.atomic_add(DR + r_offs,
-                      _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION,
-                           UPCAST),
-                      mask=r_mask)
-        dk += _dot(_cast(tl.trans(ds), marks.dtype, UPCAST), marks, PRECISION,
-                   UPCAST)
-        dv += _dot(_cast(tl.trans(p), dvt.dtype, UPCAST), dvt, PRECISION,
-                   UPCAST)
-    tl.store(DK + kv_offs,
-             _cast(dk, DK.dtype.element_ty, UPCAST),
-             mask=kv_mask)
-    tl.store(DV + kv_offs,
-             _cast(dv, DV.dtype.element_ty, UPCAST),
-             mask=kv_mask)
+        tl.atomic_add(
+            DR + r_offs,
+            _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST),
+            mask=r_mask)
+        dk += _dot(
+            _cast(tl.trans(ds), marks.dtype, UPCAST), marks, PRECISION, UPCAST)
+        dv += _dot(
+            _cast(tl.trans(p), dvt.dtype, UPCAST), dvt, PRECISION, UPCAST)
+    tl.store(
+        DK + kv_offs, _cast(dk, DK.dtype.element_ty, UPCAST), mask=kv_mask)
+    tl.store(
+        DV + kv_offs, _cast(dv, DV.dtype.element_ty, UPCAST), mask=kv_mask)
 
 
 @triton.jit(do_not_specialize=['n', 'hgt', 'wid', 'first'])
@@ -505,19 +542,19 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
     g = tl.program_id(0)
     offs_t = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
-    dq, offs, mask = _load_rows(DQ_ACC,
-                                g.to(tl.int64) * n + offs_t, offs_t < n, d,
-                                offs_d, d_mask)
+    offs, mask = _row_offsets(
+        g.to(tl.int64) * n + offs_t, offs_t < n, d, offs_d, d_mask)
+    dq = tl.load(DQ_ACC + offs, mask=mask, other=0.0)
     patch = offs_t - first
     is_patch = (patch >= 0) & (patch < hgt * wid)
     for l0 in range(0, m, BLOCK_N):
         offs_l = l0 + tl.arange(0, BLOCK_N)
         r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
                                                 d_mask)
-        member, size = _bins(offs_l, tl.where(is_patch, patch, 0), hgt, wid,
-                             ph, pw)
+        member = _bins(offs_l, tl.where(is_patch, patch, 0), hgt, wid, ph, pw)
         member = member & l_mask[:, None] & is_patch[None, :]
-        weight = tl.where(member, 1.0 / size[:, None].to(tl.float32), 0.0)
+        size = _bin_size(offs_l, hgt, wid, ph, pw).to(tl.float32)
+        weight = tl.where(member, 1.0 / size[:, None], 0.0)
         grad_marks = tl.load(DR + r_offs, mask=r_mask, other=0.0)
         dq += _dot(tl.trans(weight), grad_marks, 'ieee', False)
     tl.store(DQ + offs, _cast(dq, DQ.dtype.element_ty, UPCAST), mask=mask)
@@ -553,9 +590,8 @@ class _Config:
         self.slots = self.block * self.num_blocks
 
     def kwargs(self) -> dict:
-        kwargs = dict(BLOCK_D=self.block_d,
-                      PRECISION=self.precision,
-                      UPCAST=self.upcast)
+        kwargs = dict(
+            BLOCK_D=self.block_d, PRECISION=self.precision, UPCAST=self.upcast)
         if not interpreted():
             kwargs['num_warps'] = self.num_warps
         return kwargs
@@ -586,28 +622,38 @@ def route_and_sort(q: Tensor,
     g, m = b * heads, landmarks.shape[1]
     ids = torch.empty(g, n, device=q.device, dtype=torch.int32)
     slots = torch.empty(g, cfg.slots, device=q.device, dtype=torch.int32)
-    block_expert = torch.empty(g,
-                               cfg.num_blocks,
-                               device=q.device,
-                               dtype=torch.int32)
-    _route_and_sort[(g, )](q,
-                           landmarks,
-                           ids if expert is None else expert,
-                           ids,
-                           slots,
-                           block_expert,
-                           n,
-                           m,
-                           d,
-                           heads,
-                           *_strides(q),
-                           cfg.slots,
-                           cfg.num_blocks,
-                           ROUTE=expert is None,
-                           BLOCK=cfg.block,
-                           M_PAD=cfg.m_pad,
-                           **cfg.kwargs())
+    block_expert = torch.empty(
+        g, cfg.num_blocks, device=q.device, dtype=torch.int32)
+    _route_and_sort[(g, )](
+        q,
+        landmarks,
+        ids if expert is None else expert,
+        ids,
+        slots,
+        block_expert,
+        n,
+        m,
+        d,
+        heads,
+        *_strides(q),
+        cfg.slots,
+        cfg.num_blocks,
+        ROUTE=expert is None,
+        BLOCK=cfg.block,
+        M_PAD=cfg.m_pad,
+        **cfg.kwargs())
     return ids, slots, block_expert
+
+
+def _block_args(q, k, v, marks, shared_values, topk_index, slots, block_expert,
+                out, lse, cfg: _Config) -> tuple:
+    """The arguments that ``_experts_fwd`` and ``_experts_bwd`` share."""
+    b, heads, n, d = q.shape
+    scale = d**-0.5
+    return (q, k, v, marks, shared_values, topk_index, slots, block_expert,
+            out, lse, n, marks.shape[1], topk_index.shape[-1], d, heads,
+            *_strides(q), *_strides(k), *_strides(v), cfg.slots,
+            cfg.num_blocks, scale * LOG2E.value, scale * scale * LOG2E.value)
 
 
 Sizes = Tuple[int, int, int, int, int, int]  # hgt, wid, first, ph, pw, topk
@@ -625,58 +671,42 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     lse_shared = q.new_empty(g, m, dtype=torch.float32)
     key_logits = q.new_empty(g, m, n, dtype=torch.float32)
     strides = (*_strides(q), *_strides(k), *_strides(v))
-    _landmarks_fwd[(g, triton.cdiv(m, cfg.block_l))](q,
-                                                     k,
-                                                     v,
-                                                     marks,
-                                                     shared_values,
-                                                     lse_shared,
-                                                     key_logits,
-                                                     n,
-                                                     m,
-                                                     d,
-                                                     heads,
-                                                     first,
-                                                     hgt,
-                                                     wid,
-                                                     ph,
-                                                     pw,
-                                                     *strides,
-                                                     scale * LOG2E.value,
-                                                     BLOCK_L=cfg.block_l,
-                                                     BLOCK_N=cfg.block_n,
-                                                     **cfg.kwargs())
+    _landmarks_fwd[(g, triton.cdiv(m, cfg.block_l))](
+        q,
+        k,
+        v,
+        marks,
+        shared_values,
+        lse_shared,
+        key_logits,
+        n,
+        m,
+        d,
+        heads,
+        first,
+        hgt,
+        wid,
+        ph,
+        pw,
+        *strides,
+        scale * LOG2E.value,
+        BLOCK_L=cfg.block_l,
+        BLOCK_N=cfg.block_n,
+        **cfg.kwargs())
     if topk_index is None:
-        topk_index = key_logits.topk(min(topk, n), dim=-1,
-                                     sorted=False).indices
+        topk_index = key_logits.topk(
+            min(topk, n), dim=-1, sorted=False).indices
     else:  # given routing: an output must not alias an input
         topk_index = topk_index.clone(memory_format=torch.contiguous_format)
     ids, slots, block_expert = route_and_sort(q, marks, cfg, expert)
     out = q.new_empty(b, heads, n, d)
     lse = q.new_empty(g, n, dtype=torch.float32)
-    _experts_fwd[(g, cfg.num_blocks)](q,
-                                      k,
-                                      v,
-                                      marks,
-                                      shared_values,
-                                      topk_index,
-                                      slots,
-                                      block_expert,
-                                      out,
-                                      lse,
-                                      n,
-                                      m,
-                                      topk_index.shape[-1],
-                                      d,
-                                      heads,
-                                      *strides,
-                                      cfg.slots,
-                                      cfg.num_blocks,
-                                      scale * LOG2E.value,
-                                      scale * scale * LOG2E.value,
-                                      BLOCK=cfg.block,
-                                      BLOCK_N=cfg.block_n,
-                                      **cfg.kwargs())
+    _experts_fwd[(g, cfg.num_blocks)](
+        *_block_args(q, k, v, marks, shared_values, topk_index, slots,
+                     block_expert, out, lse, cfg),
+        BLOCK=cfg.block,
+        BLOCK_N=cfg.block_n,
+        **cfg.kwargs())
     return (out, lse, marks, shared_values, lse_shared, topk_index, ids, slots,
             block_expert)
 
@@ -744,76 +774,61 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     dk_sum, dv_sum, d_marks, d_shared = sums.split(
         [g * n * d, g * n * d, g * m * d, g * m * d])
     dq_sum = q.new_empty(g * n * d, dtype=torch.float32)
-    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format)
-                  for t in (q, k, v))
+    dq, dk, dv = (
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (q, k, v))
     kv_strides = (*_strides(k), *_strides(v))
-    _experts_bwd[(g, cfg.num_blocks)](q,
-                                      k,
-                                      v,
-                                      landmarks,
-                                      shared_values,
-                                      topk_index,
-                                      slots,
-                                      block_expert,
-                                      out,
-                                      lse,
-                                      grad_out,
-                                      dq_sum,
-                                      dk_sum,
-                                      dv_sum,
-                                      d_marks,
-                                      d_shared,
-                                      n,
-                                      m,
-                                      topk_index.shape[-1],
-                                      d,
-                                      heads,
-                                      *_strides(q),
-                                      *kv_strides,
-                                      *_strides(grad_out),
-                                      cfg.slots,
-                                      cfg.num_blocks,
-                                      scale * LOG2E.value,
-                                      scale * scale * LOG2E.value,
-                                      scale,
-                                      BLOCK=cfg.block,
-                                      BLOCK_N=cfg.block_n,
-                                      **cfg.kwargs())
-    _shared_bwd[(g, triton.cdiv(n, cfg.block_n))](k,
-                                                  v,
-                                                  landmarks,
-                                                  shared_values,
-                                                  lse_shared,
-                                                  d_marks,
-                                                  d_shared,
-                                                  dk_sum,
-                                                  dv_sum,
-                                                  dk,
-                                                  dv,
-                                                  n,
-                                                  m,
-                                                  d,
-                                                  heads,
-                                                  *kv_strides,
-                                                  scale * LOG2E.value,
-                                                  scale,
-                                                  BLOCK_N=cfg.block_n,
-                                                  **cfg.kwargs())
+    _experts_bwd[(g, cfg.num_blocks)](
+        *_block_args(q, k, v, landmarks, shared_values, topk_index, slots,
+                     block_expert, out, lse, cfg),
+        grad_out,
+        dq_sum,
+        dk_sum,
+        dv_sum,
+        d_marks,
+        d_shared,
+        *_strides(grad_out),
+        scale,
+        BLOCK=cfg.block,
+        BLOCK_N=cfg.block_n,
+        **cfg.kwargs())
+    _shared_bwd[(g, triton.cdiv(n, cfg.block_n))](
+        k,
+        v,
+        landmarks,
+        shared_values,
+        lse_shared,
+        d_marks,
+        d_shared,
+        dk_sum,
+        dv_sum,
+        dk,
+        dv,
+        n,
+        m,
+        d,
+        heads,
+        *kv_strides,
+        scale * LOG2E.value,
+        scale,
+        BLOCK_N=cfg.block_n,
+        **cfg.kwargs())
     kwargs = cfg.kwargs()
     del kwargs['PRECISION']
-    _pool_bwd[(g, triton.cdiv(n, cfg.block_n))](dq_sum,
-                                                d_marks,
-                                                dq,
-                                                n,
-                                                m,
-                                                d,
-                                                first,
-                                                hgt,
-                                                wid,
-                                                m // pw,
-                                                pw,
-                                                BLOCK_N=cfg.block_n,
-                                                **kwargs)
+    _pool_bwd[(g, triton.cdiv(n, cfg.block_n))](
+        dq_sum,
+        d_marks,
+        dq,
+        n,
+        m,
+        d,
+        first,
+        hgt,
+        wid,
+        m // pw,
+        pw,
+        BLOCK_N=cfg.block_n,
+        **kwargs)
     return dq, dk, dv
 
 
@@ -841,8 +856,8 @@ def _autograd_backward(ctx, grad_out, *unused):
     return (*grads, None, None, None, None, None, None, None, None)
 
 
-mita_triton_fwd.register_autograd(_autograd_backward,
-                                  setup_context=_setup_context)
+mita_triton_fwd.register_autograd(
+    _autograd_backward, setup_context=_setup_context)
 
 
 def check_triton_inputs(q: Tensor, v: Tensor, dropout_p: float = 0.0) -> None:
@@ -874,8 +889,9 @@ def _run(q: Tensor, k: Tensor, v: Tensor, hw, num_extra_tokens: int, pool_size,
          topk_index: Optional[Tensor]) -> Tensor:
     check_triton_inputs(q, v)
     dtype = compute_dtype(q, v)
-    q, k, v = (t.to(dtype) if t.stride(-1) == 1 else t.to(dtype).contiguous()
-               for t in (q, k, v))
+    q, k, v = (
+        t.to(dtype) if t.stride(-1) == 1 else t.to(dtype).contiguous()
+        for t in (q, k, v))
     first = pooled_tokens(num_extra_tokens, landmarks)
     with torch.autocast(q.device.type, enabled=False):
         return mita_triton_fwd(q, k, v, hw[0], hw[1], first, pool_size[0],

@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mmseg_mita.ops import compute_experts, mita_attention, naive_mita
 from mmseg_mita.ops.torch_backend import mita_torch
 
-pytest.importorskip('triton',
-                    reason='triton is a test dependency: pip install triton')
+pytest.importorskip(
+    'triton', reason='triton is a test dependency: pip install triton')
 from mmseg_mita.ops import triton_backend  # noqa: E402
 
 pytestmark = [
@@ -49,11 +49,12 @@ def _assert_close(out, ref, low, ref_leaves):
     got = torch.autograd.grad(out, low, grad.to(out.dtype))
     want = torch.autograd.grad(ref, ref_leaves, grad)
     for name, g1, g2 in zip('qkv', got, want):
-        torch.testing.assert_close(g1.double(),
-                                   g2,
-                                   rtol=1e-4,
-                                   atol=1e-4,
-                                   msg=lambda m: f'grad of {name}: {m}')
+        torch.testing.assert_close(
+            g1.double(),
+            g2,
+            rtol=1e-4,
+            atol=1e-4,
+            msg=lambda m: f'grad of {name}: {m}')
 
 
 @pytest.mark.parametrize(
@@ -70,12 +71,13 @@ def _assert_close(out, ref, low, ref_leaves):
 def test_float32_matches_reference(b, h, hw, extra, pool, topk, d, landmarks):
     n = extra + hw[0] * hw[1]
     ref_leaves, low = _leaves(random_qkv(b, h, n, d))
-    ref = naive_mita(*ref_leaves,
-                     hw,
-                     num_extra_tokens=extra,
-                     pool_size=pool,
-                     topk=topk,
-                     landmarks=landmarks)
+    ref = naive_mita(
+        *ref_leaves,
+        hw,
+        num_extra_tokens=extra,
+        pool_size=pool,
+        topk=topk,
+        landmarks=landmarks)
     out = triton_backend.mita_triton(*low, hw, extra, pool, topk, landmarks)
     assert out.shape == low[0].shape and out.dtype == torch.float32
     _assert_close(out, ref, low, ref_leaves)
@@ -92,11 +94,8 @@ def test_strided_qkv_views_are_read_in_place():
         t.view(2, n, 3, 2, d).permute(2, 0, 3, 1, 4)
         for t in (ref_qkv, low_qkv)
     ]
-    ref = naive_mita(*views[0],
-                     hw,
-                     num_extra_tokens=extra,
-                     pool_size=(2, 3),
-                     topk=9)
+    ref = naive_mita(
+        *views[0], hw, num_extra_tokens=extra, pool_size=(2, 3), topk=9)
     out = triton_backend.mita_triton(*views[1], hw, extra, (2, 3), 9)
     _assert_close(out, ref, [low_qkv], [ref_qkv])
 
@@ -187,15 +186,16 @@ def test_half_precision_within_twice_the_torch_backend_error(dtype):
                                                  experts.topk_index)
 
     inputs = [t.detach().to(dtype).double() for t in random_qkv(1, 2, 101, 64)]
-    assert_as_accurate_as_torch(fixed_routing,
-                                inputs,
-                                hw,
-                                1,
-                                pool,
-                                20,
-                                dtype,
-                                'cpu',
-                                bounds=(2e-2, 2e-2))
+    assert_as_accurate_as_torch(
+        fixed_routing,
+        inputs,
+        hw,
+        1,
+        pool,
+        20,
+        dtype,
+        'cpu',
+        bounds=(2e-2, 2e-2))
 
 
 def test_autocast_computes_in_the_autocast_dtype():
@@ -205,8 +205,9 @@ def test_autocast_computes_in_the_autocast_dtype():
     # the top-k and the argmax, which creates ties; the numerical error with
     # the routing held fixed is test_half_precision_...'s.)
     hw = (6, 7)
-    q, k, v = (t.detach().float().requires_grad_()
-               for t in random_qkv(2, 2, 1 + 42, 16))
+    q, k, v = (
+        t.detach().float().requires_grad_()
+        for t in random_qkv(2, 2, 1 + 42, 16))
     grad = torch.randn(q.shape)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = triton_backend.mita_triton(q, k, v, hw, 1, (2, 2), 6)
@@ -228,8 +229,8 @@ def _call(q, k, v):
 def test_compiled_in_one_graph_matches_eager():
     inputs = [t.detach().float() for t in random_qkv(1, 2, 21, 16)]
     results = []
-    for fn in (_call, torch.compile(_call, fullgraph=True,
-                                    backend='aot_eager')):
+    for fn in (_call,
+               torch.compile(_call, fullgraph=True, backend='aot_eager')):
         leaves = [t.clone().requires_grad_() for t in inputs]
         out = fn(*leaves)
         results.append([out] +
@@ -263,8 +264,8 @@ def test_no_host_synchronisation(monkeypatch):
     for name in ('_forward', '_backward'):
         monkeypatch.setattr(triton_backend, name,
                             under_mode(getattr(triton_backend, name)))
-    q, k, v = (t.detach().float().requires_grad_()
-               for t in random_qkv(1, 2, 21, 16))
+    q, k, v = (
+        t.detach().float().requires_grad_() for t in random_qkv(1, 2, 21, 16))
     with mode:
         out = _call(q, k, v)
         torch.autograd.grad(out.sum(), (q, k, v))
