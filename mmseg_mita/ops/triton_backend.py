@@ -376,9 +376,8 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
         expert = tl.load(EXPERT + g * n + offs_i, mask=i_mask, other=0)
         one_hot = ((expert[:, None] == offs_e[None, :])
                    & i_mask[:, None]).to(tl.int32)
-        before = tl.cumsum(one_hot,
-                           0) - one_hot + (first_slot + taken)[None, :]
-        slot = tl.sum(one_hot * before, 1)
+        rank = tl.cumsum(one_hot, 0) - one_hot  # earlier queries
+        slot = tl.sum(one_hot * (rank + (first_slot + taken)[None, :]), 1)
         tl.store(group_slots + slot, offs_i, mask=i_mask)
         taken += tl.sum(one_hot, 0)
 

@@ -142,8 +142,10 @@ def test_expert_with_one_query_more_than_a_block():
 
 def test_counting_sort_matches_a_plain_reference():
     g, n, m, d = 2, 45, 6, 16
-    q = torch.randn(1, g, n, d)
-    marks = torch.randn(g, m, d)
+    # Small integers: every score exact in float32, ties included.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(-3, 4, (1, g, n, d), generator=gen).float()
+    marks = torch.randint(-3, 4, (g, m, d), generator=gen).float()
     cfg = triton_backend._Config(n, m, d, torch.float32, True)
     assert cfg.block == BLOCK
     ids = _expert_ids(g, n, m)
@@ -167,8 +169,11 @@ def test_counting_sort_matches_a_plain_reference():
         assert slots[group].tolist() == want_slots.tolist()
     assert block_expert[0, :3].tolist() == [1, 2, 2]  # BLOCK + 1: 2 blocks
 
-    # Routing in the kernel: the argmax of q . R, first index on ties.
+    # Routing in the kernel: the argmax of q . R, first index on ties, and
+    # never a padding expert (m = 6 of 16), even where every score is < 0.
     marks[1, 4] = marks[1, 1]  # a tie between experts 1 and 4
+    marks[0] = marks[0].abs() + 1
+    q[0, 0, :5] = -q[0, 0, :5].abs() - 1
     routed, _, _ = triton_backend.route_and_sort(q, marks, cfg)
     scores = q[0].double() @ marks.double().transpose(1, 2)
     assert (routed == scores.argmax(-1)).all()
