@@ -324,10 +324,12 @@ def _landmarks_fwd(Q, K, V, R, VT, LSE_R, KEY_LOGITS, n, m, d, heads, first,
 def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
                     sqb, sqh, sqn, slots_per_group, num_blocks,
                     ROUTE: tl.constexpr, BLOCK: tl.constexpr,
-                    M_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-                    PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                    CHUNK: tl.constexpr, M_PAD: tl.constexpr,
+                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                    UPCAST: tl.constexpr):
     """Routing (``ROUTE``: argmax of ``q . R``; else the ids in ``GIVEN``)
-    and counting sort of the queries of one group into its blocks."""
+    and counting sort of the queries of one group into its blocks of
+    ``BLOCK`` slots, ``CHUNK`` queries (slots, blocks) at a time."""
     g = tl.program_id(0)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     offs_e = tl.arange(0, M_PAD)
@@ -337,13 +339,16 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
         marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
     q_base = Q + _group_base(g, heads, sqb, sqh)
     group_slots = SLOTS + g.to(tl.int64) * slots_per_group
-    for s0 in range(0, slots_per_group, BLOCK):  # every slot empty first
-        tl.store(group_slots + s0 + tl.arange(0, BLOCK),
-                 tl.full([BLOCK], -1, tl.int32))
+    for s0 in range(0, slots_per_group, CHUNK):  # every slot empty first
+        offs_s = s0 + tl.arange(0, CHUNK)
+        tl.store(
+            group_slots + offs_s,
+            tl.full([CHUNK], -1, tl.int32),
+            mask=offs_s < slots_per_group)
     # Pass 1: the expert of every query, and the queries per expert.
     counts = tl.zeros([M_PAD], tl.int32)
-    for i0 in range(0, n, BLOCK):
-        offs_i = i0 + tl.arange(0, BLOCK)
+    for i0 in range(0, n, CHUNK):
+        offs_i = i0 + tl.arange(0, CHUNK)
         i_mask = offs_i < n
         if ROUTE:
             q = _load_rows(q_base, offs_i.to(tl.int64), i_mask, sqn, offs_d,
@@ -359,8 +364,8 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
     blocks = (counts + BLOCK - 1) // BLOCK
     blocks_end = tl.cumsum(blocks, 0)
     first_slot = (blocks_end - blocks) * BLOCK
-    for b0 in range(0, num_blocks, BLOCK):
-        offs_b = b0 + tl.arange(0, BLOCK)
+    for b0 in range(0, num_blocks, CHUNK):
+        offs_b = b0 + tl.arange(0, CHUNK)
         owner = tl.sum((blocks_end[None, :] <= offs_b[:, None]).to(tl.int32),
                        1)
         tl.store(
@@ -370,8 +375,8 @@ def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
     tl.debug_barrier()  # pass 2 reads EXPERT and overwrites the -1 slots
     # Pass 2: stable rank of each query among its expert's.
     taken = tl.zeros([M_PAD], tl.int32)
-    for i0 in range(0, n, BLOCK):
-        offs_i = i0 + tl.arange(0, BLOCK)
+    for i0 in range(0, n, CHUNK):
+        offs_i = i0 + tl.arange(0, CHUNK)
         i_mask = offs_i < n
         expert = tl.load(EXPERT + g * n + offs_i, mask=i_mask, other=0)
         one_hot = ((expert[:, None] == offs_e[None, :])
@@ -572,7 +577,7 @@ class _Config:
         self.m_pad = max(16, _next_pow2(m))
         self.block_l = 16  # landmarks per program of _landmarks_fwd
         if interpreted:  # small blocks: the interpreter runs them in numpy
-            self.block, self.block_n = 16, 16
+            self.block, self.block_n, self.sort_chunk = 16, 16, 32
         else:
             # Blocks no larger than the mean expert (N / m queries). float32
             # (exact IEEE products, no tensor cores: the accurate path, not
@@ -581,6 +586,8 @@ class _Config:
             largest = 32 if dtype == torch.float32 else 64
             self.block = min(largest, max(16, _next_pow2(-(-n // m))))
             self.block_n = min(64 if self.block_d <= 64 else 32, largest)
+            # _route_and_sort is one program per group: large chunks.
+            self.sort_chunk = 256
         self.num_warps = 4 if self.block_d <= 64 else 8
         # float32: exact products (tf32 would lose 3 decimal digits).
         self.precision = 'ieee' if dtype == torch.float32 else 'tf32'
@@ -624,23 +631,10 @@ def route_and_sort(q: Tensor,
     block_expert = torch.empty(
         g, cfg.num_blocks, device=q.device, dtype=torch.int32)
     _route_and_sort[(g, )](
-        q,
-        landmarks,
-        ids if expert is None else expert,
-        ids,
-        slots,
-        block_expert,
-        n,
-        m,
-        d,
-        heads,
-        *_strides(q),
-        cfg.slots,
-        cfg.num_blocks,
-        ROUTE=expert is None,
-        BLOCK=cfg.block,
-        M_PAD=cfg.m_pad,
-        **cfg.kwargs())
+        q, landmarks, ids if expert is None else expert, ids, slots,
+        block_expert, n, m, d, heads, *_strides(q), cfg.slots,
+        cfg.num_blocks, ROUTE=expert is None, BLOCK=cfg.block,
+        CHUNK=cfg.sort_chunk, M_PAD=cfg.m_pad, **cfg.kwargs())
     return ids, slots, block_expert
 
 
@@ -671,27 +665,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     key_logits = q.new_empty(g, m, n, dtype=torch.float32)
     strides = (*_strides(q), *_strides(k), *_strides(v))
     _landmarks_fwd[(g, triton.cdiv(m, cfg.block_l))](
-        q,
-        k,
-        v,
-        marks,
-        shared_values,
-        lse_shared,
-        key_logits,
-        n,
-        m,
-        d,
-        heads,
-        first,
-        hgt,
-        wid,
-        ph,
-        pw,
-        *strides,
-        scale * LOG2E.value,
-        BLOCK_L=cfg.block_l,
-        BLOCK_N=cfg.block_n,
-        **cfg.kwargs())
+        q, k, v, marks, shared_values, lse_shared, key_logits, n, m, d, heads,
+        first, hgt, wid, ph, pw, *strides, scale * LOG2E.value,
+        BLOCK_L=cfg.block_l, BLOCK_N=cfg.block_n, **cfg.kwargs())
     if topk_index is None:
         topk_index = key_logits.topk(
             min(topk, n), dim=-1, sorted=False).indices
@@ -703,9 +679,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     _experts_fwd[(g, cfg.num_blocks)](
         *_block_args(q, k, v, marks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
-        BLOCK=cfg.block,
-        BLOCK_N=cfg.block_n,
-        **cfg.kwargs())
+        BLOCK=cfg.block, BLOCK_N=cfg.block_n, **cfg.kwargs())
     return (out, lse, marks, shared_values, lse_shared, topk_index, ids, slots,
             block_expert)
 
@@ -780,54 +754,18 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     _experts_bwd[(g, cfg.num_blocks)](
         *_block_args(q, k, v, landmarks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
-        grad_out,
-        dq_sum,
-        dk_sum,
-        dv_sum,
-        d_marks,
-        d_shared,
-        *_strides(grad_out),
-        scale,
-        BLOCK=cfg.block,
-        BLOCK_N=cfg.block_n,
+        grad_out, dq_sum, dk_sum, dv_sum, d_marks, d_shared,
+        *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_N=cfg.block_n,
         **cfg.kwargs())
     _shared_bwd[(g, triton.cdiv(n, cfg.block_n))](
-        k,
-        v,
-        landmarks,
-        shared_values,
-        lse_shared,
-        d_marks,
-        d_shared,
-        dk_sum,
-        dv_sum,
-        dk,
-        dv,
-        n,
-        m,
-        d,
-        heads,
-        *kv_strides,
-        scale * LOG2E.value,
-        scale,
-        BLOCK_N=cfg.block_n,
-        **cfg.kwargs())
+        k, v, landmarks, shared_values, lse_shared, d_marks, d_shared, dk_sum,
+        dv_sum, dk, dv, n, m, d, heads, *kv_strides, scale * LOG2E.value,
+        scale, BLOCK_N=cfg.block_n, **cfg.kwargs())
     kwargs = cfg.kwargs()
     del kwargs['PRECISION']
     _pool_bwd[(g, triton.cdiv(n, cfg.block_n))](
-        dq_sum,
-        d_marks,
-        dq,
-        n,
-        m,
-        d,
-        first,
-        hgt,
-        wid,
-        m // pw,
-        pw,
-        BLOCK_N=cfg.block_n,
-        **kwargs)
+        dq_sum, d_marks, dq, n, m, d, first, hgt, wid, m // pw, pw,
+        BLOCK_N=cfg.block_n, **kwargs)
     return dq, dk, dv
 
 

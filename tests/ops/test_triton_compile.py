@@ -38,7 +38,8 @@ SCRIPT = textwrap.dedent('''
     for case in sys.argv[1:]:
         dtype, head_dim = case.split(':')
         cfg = tb._Config(4097, 49, int(head_dim), TYPES[dtype], False)
-        consts = dict(BLOCK=cfg.block, BLOCK_N=cfg.block_n,
+        consts = dict(BLOCK=cfg.block, CHUNK=cfg.sort_chunk,
+                      BLOCK_N=cfg.block_n,
                       BLOCK_L=cfg.block_l, BLOCK_D=cfg.block_d,
                       M_PAD=cfg.m_pad, PRECISION=cfg.precision,
                       UPCAST=False, ROUTE=True)
