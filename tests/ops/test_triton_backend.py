@@ -250,6 +250,19 @@ def test_compiled_in_one_graph_matches_eager(backend):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_custom_op_registrations_pass_opcheck():
+    # Schema, fake implementation (shapes from the inputs only, dynamic
+    # shapes too) and autograd registration of the forward op.
+    q, k, v = (
+        t.detach().float().requires_grad_() for t in random_qkv(1, 2, 21, 16))
+    results = torch.library.opcheck(
+        triton_backend.mita_triton_fwd,
+        (q, k, v, 4, 5, 1, 2, 2, 6, None, None),
+        test_utils=('test_schema', 'test_faketensor',
+                    'test_autograd_registration', 'test_aot_dispatch_dynamic'))
+    assert set(results.values()) == {'SUCCESS'}, results
+
+
 class _NoHostSync(TorchDispatchMode):
     """Fails on an op that reads a device value on the host."""
     SYNCS = ('aten::_local_scalar_dense', 'aten::nonzero', 'aten::item')
