@@ -29,6 +29,7 @@ TARGETS = 'mmseg_mita/benchmarks/targets.py'
 TARGETS_TEST = ['tests/benchmarks/test_targets.py']
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
+TRITON_TEST = ['tests/ops/test_triton_backend.py']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
 TORCH_BACKEND = 'mmseg_mita/ops/torch_backend.py'
 EXPORT = 'mmseg_mita/deploy/onnx_export.py'
@@ -43,8 +44,8 @@ REFUSAL_TEST = [
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
     ('MiTA layer residual from its normalised input', VIT,
-     'identity = query if identity is None else identity',
-     'identity = query', LAYER_TEST),
+     'identity = query if identity is None else identity', 'identity = query',
+     LAYER_TEST),
     ('patch grid handed to the layers as (W, H)', VIT,
      'x = layer(x, hw_shape)', 'x = layer(x, hw_shape[::-1])', LAYER_TEST),
     ('num_extra_tokens fixed to 1', VIT,
@@ -74,9 +75,8 @@ MUTATIONS = [
      'keys_per_expert, dropout_p=dropout_p,',
      'keys_per_expert, dropout_p=0.0,', CHECK_TEST),
     ('dropout without its 1 / (1 - p) rescale (torch backend)',
-     'mmseg_mita/ops/torch_backend.py',
-     'used = used * mask / (1 - dropout_p)', 'used = used * mask',
-     CHECK_TEST),
+     'mmseg_mita/ops/torch_backend.py', 'used = used * mask / (1 - dropout_p)',
+     'used = used * mask', CHECK_TEST),
     ('bit-flipped checkpoint not reported (converter loader)',
      'mmseg_mita/converters/loading.py', '    damage = zip_damage(path)\n',
      '    damage = None\n', ['tests/converters/test_convert_vit.py']),
@@ -113,7 +113,7 @@ MUTATIONS = [
      'mita_routing=0,', ['tests/analysis/test_flops.py']),
     ('Triton softmax backward with the wrong sign', TRITON,
      'return p * (dp - delta[:, None])', 'return p * (dp + delta[:, None])',
-     ['tests/ops/test_triton_backend.py']),
+     TRITON_TEST),
     ('Triton online softmax without rescaling its accumulator', TRITON,
      'acc = acc * alpha[:, None] + _dot(', 'acc = acc + _dot(',
      ['tests/ops/test_triton_backend.py']),
@@ -208,6 +208,29 @@ MUTATIONS = [
      'attend_hw = functools.partial(attend, hw=hw)',
      'attend_hw = functools.partial(attend, hw=hw[::-1])',
      ['tests/benchmarks/test_encoder.py']),
+     'acc = acc * alpha[:, None] + _dot(', 'acc = acc + _dot(', TRITON_TEST),
+    ('Triton pooling bins end at floor (no overlap)', TRITON,
+     'return (bi * hgt // ph, ((bi + 1) * hgt + ph - 1) // ph,',
+     'return (bi * hgt // ph, (bi + 1) * hgt // ph,', TRITON_TEST),
+    ('Triton routing argmax over the padding experts too', TRITON,
+     "scores = tl.where(e_mask[None, :], scores, -float('inf'))",
+     'scores = scores', TRITON_TEST),
+    ('Triton counting sort rank counts the query itself', TRITON,
+     'rank = tl.cumsum(one_hot, 0) - one_hot', 'rank = tl.cumsum(one_hot, 0)',
+     TRITON_TEST),
+    ('Triton blocks per expert off by one (floor)', TRITON,
+     'blocks = (counts + BLOCK - 1) // BLOCK', 'blocks = counts // BLOCK',
+     TRITON_TEST),
+    ('Triton pooling backward into the extra tokens too', TRITON,
+     'member = member & l_mask[:, None] & is_patch[None, :]',
+     'member = member & l_mask[:, None]', TRITON_TEST),
+    ('Triton float32 dots on tf32', TRITON,
+     "self.precision = 'ieee' if dtype == torch.float32 else 'tf32'",
+     "self.precision = 'tf32'", TRITON_TEST),
+    ('Triton declared to take head_dim up to 127 only', BACKENDS,
+     'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=128,',
+     'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=127,',
+     TRITON_TEST),
 ]
 
 
@@ -215,7 +238,10 @@ def run_tests(clone, tests):
     return subprocess.run([
         sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:warnings', '-p',
         'no:cacheprovider', *tests
-    ], cwd=clone, capture_output=True, text=True)
+    ],
+                          cwd=clone,
+                          capture_output=True,
+                          text=True)
 
 
 def main(argv=None):

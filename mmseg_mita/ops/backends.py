@@ -5,7 +5,8 @@ that computes MiTA, and a declaration of what it supports (devices, compute
 dtypes, head_dim, variants, dropout, gradients, the modules it needs). A
 backend either reuses the shared part (:func:`~.experts.compute_experts`,
 then ``fn(q, k, v, experts, dropout_p)``: torch, flash) or computes
-everything itself from ``q``, ``k``, ``v`` (triton, export).
+everything itself from ``q``, ``k``, ``v`` (triton: fused kernels from
+the landmarks on; export).
 
 :func:`select_backend` answers ``backend='auto'`` by walking
 :data:`AUTO_PRIORITY` and taking the first backend with no reason against
@@ -190,9 +191,9 @@ def _flash_run(*args):
 
 
 def _triton_run(q, k, v, hw, num_extra_tokens, options, dropout_p):
-    from .triton_backend import mita_triton
-    return with_experts(mita_triton)(q, k, v, hw, num_extra_tokens, options,
-                                     dropout_p)
+    from .triton_backend import mita_triton  # fused: the shared part too
+    return mita_triton(q, k, v, hw, num_extra_tokens, options.pool_size,
+                       options.topk, options.landmarks)
 
 
 def _triton_checks(q: Tensor) -> List[str]:
@@ -218,8 +219,7 @@ register_backend(
 register_backend(
     MiTABackend('triton', _triton_run,
                 dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=128,
-                max_experts_per_query=1, ablations=False,
-                landmarks=('patches', ), dropout=False,
+                max_experts_per_query=1, ablations=False, dropout=False,
                 requires=('triton', ), checks=_triton_checks))
 register_backend(
     MiTABackend('export', _export_run, max_experts_per_query=1,

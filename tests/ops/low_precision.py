@@ -80,3 +80,17 @@ def assert_as_accurate_as_torch(backend_fn, inputs, hw, extra, pool, topk,
     for errs in errors.values():
         assert errs[0] < bounds[0] and max(errs[1:]) < bounds[1], errors
     return errors
+
+
+def triton_with_routing(hw, extra, pool):
+    """The fused Triton backend as a backend function ``fn(q, k, v,
+    experts)`` that computes with the routing of ``experts`` (its expert of
+    each query and top-k keys; the rest it computes itself)."""
+    from mmseg_mita.ops import triton_backend
+
+    def fn(q, k, v, experts):
+        return triton_backend.mita_triton_routed(q, k, v, hw, extra, pool,
+                                                 experts.expert[..., 0],
+                                                 experts.topk_index)
+
+    return fn
