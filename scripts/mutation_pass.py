@@ -208,7 +208,6 @@ MUTATIONS = [
      'attend_hw = functools.partial(attend, hw=hw)',
      'attend_hw = functools.partial(attend, hw=hw[::-1])',
      ['tests/benchmarks/test_encoder.py']),
-     'acc = acc * alpha[:, None] + _dot(', 'acc = acc + _dot(', TRITON_TEST),
     ('Triton pooling bins end at floor (no overlap)', TRITON,
      'return (bi * hgt // ph, ((bi + 1) * hgt + ph - 1) // ph,',
      'return (bi * hgt // ph, (bi + 1) * hgt // ph,', TRITON_TEST),

@@ -134,8 +134,8 @@ for name in ('triton', 'numpy', 'flash_attn'):
         info[name] = __import__(name).__version__
     except ImportError:
         info[name] = None
-from mmseg_mita.ops import BACKENDS, mita_attention  # noqa: F401
-info['backends'] = list(BACKENDS)
+from mmseg_mita.ops import backend_names, mita_attention  # noqa: F401
+info["backends"] = list(backend_names())
 json.dump(info, open(sys.argv[1], 'w'), indent=1)
 print(json.dumps(info))
 PY
