@@ -9,8 +9,8 @@ backends: queries in blocks of ``block`` slots, one expert per block, with
 a number of slots that follows from the shapes alone (no host read, no
 data-dependent shape), so that it runs eagerly, under
 ``torch.compile(fullgraph=True)`` and under ONNX export tracing with a
-traced N. The Triton backend tiles the sorted queries itself
-(:func:`sort_by_expert`).
+traced N. The fused Triton backend builds the same layout on the device,
+in its routing kernel (a counting sort).
 """
 from typing import NamedTuple, Tuple, Union
 
@@ -18,15 +18,6 @@ import torch
 from torch import Tensor
 
 Size = Union[int, Tensor]  # a Python int, or a traced size under export
-
-
-class ExpertOrder(NamedTuple):
-    """``order``: flat query indices (into G * N) sorted by global expert;
-    ``group``: global expert of each flat query [G * N];
-    ``counts``: queries per global expert [G * m]."""
-    order: Tensor
-    group: Tensor
-    counts: Tensor
 
 
 class BlockLayout(NamedTuple):
@@ -71,13 +62,6 @@ def _sort_and_count(group: Tensor,
     counts = group.new_zeros(num_groups).index_add_(0, group,
                                                     torch.ones_like(group))
     return order, counts
-
-
-def sort_by_expert(expert: Tensor, num_experts: int) -> ExpertOrder:
-    """Sort the queries of ``expert`` [G, N] by global expert id."""
-    group = global_experts(expert, num_experts)
-    order, counts = _sort_and_count(group, expert.shape[0] * num_experts)
-    return ExpertOrder(order, group, counts)
 
 
 def blocks_per_group(num_tokens: Size, num_experts: int, block: int) -> Size:
