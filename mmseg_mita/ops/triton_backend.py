@@ -199,6 +199,19 @@ def _probs(a, b, lse, pair_mask, scale, PRECISION: tl.constexpr,
 
 
 @triton.jit
+def _compressed_keys(R, VT, g, n0, m, d, offs_d, d_mask,
+                     BLOCK_N: tl.constexpr):
+    """The compressed keys ``n0 ..`` of group ``g``: their landmarks (the
+    logits are ``s^2 q . R``), shared values ``Vt``, mask, and the offsets
+    and mask of their rows in R / Vt."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    r_offs, r_mask, n_mask = _landmark_rows(g, offs_n, m, d, offs_d, d_mask)
+    marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
+    values = tl.load(VT + r_offs, mask=r_mask, other=0.0)
+    return marks, values, n_mask, r_offs, r_mask
+
+
+@triton.jit
 def _score_grad(p, do, values, delta, PRECISION: tl.constexpr,
                 UPCAST: tl.constexpr):
     """Softmax backward: ``dS = P * (dO V^T - delta)``."""
@@ -241,17 +254,21 @@ def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
 
 
 @triton.jit
-def _routed_keys(TOPK, k_base, v_base, g, expert, n0, k, m, skn, svn, offs_d,
-                 d_mask, BLOCK_N: tl.constexpr):
-    """Keys ``n0 .. n0 + BLOCK_N`` of the expert, read by index from K and V
-    (group bases ``k_base``, ``v_base``): their mask, token rows (int64),
-    keys and values."""
+def _kv_bases(K, V, g, heads, skb, skh, svb, svh):
+    """The bases of group ``g`` in K and V (their strides given)."""
+    return (K + _group_base(g, heads, skb, skh),
+            V + _group_base(g, heads, svb, svh))
+
+
+@triton.jit
+def _routed_keys(TOPK_E, k_base, v_base, n0, k, skn, svn, offs_d, d_mask,
+                 BLOCK_N: tl.constexpr):
+    """Keys ``n0 .. n0 + BLOCK_N`` of the expert whose top-k row starts at
+    ``TOPK_E``, read by index from K and V (group bases ``k_base``,
+    ``v_base``): their mask, token rows (int64), keys and values."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < k
-    key_rows = tl.load(
-        TOPK + (g * m + expert).to(tl.int64) * k + offs_n,
-        mask=n_mask,
-        other=0)
+    key_rows = tl.load(TOPK_E + offs_n, mask=n_mask, other=0)
     keys = _load_rows(k_base, key_rows, n_mask, skn, offs_d, d_mask)
     values = _load_rows(v_base, key_rows, n_mask, svn, offs_d, d_mask)
     return n_mask, key_rows, keys, values
@@ -303,8 +320,7 @@ def _landmarks_fwd(Q, K, V, R, VT, LSE_R, KEY_LOGITS, n, m, d, heads, first,
     marks = _cast(pooled / size[:, None], R.dtype.element_ty, UPCAST)
     tl.store(R + r_offs, marks, mask=r_mask)
 
-    k_base = K + _group_base(g, heads, skb, skh)
-    v_base = V + _group_base(g, heads, svb, svh)
+    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
     m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
     l_i = tl.zeros([BLOCK_L], tl.float32)
     acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
@@ -416,23 +432,18 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     acc = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     # Compressed keys: logits s^2 q . R, values Vt.
     for n0 in range(0, m, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        r_offs, r_mask, n_mask = _landmark_rows(g, offs_n, m, d, offs_d,
-                                                d_mask)
-        marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
+        marks, values, n_mask, _, _ = _compressed_keys(
+            R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
         logits = _dot(q, tl.trans(marks), PRECISION, UPCAST)
         logits = tl.where(n_mask[None, :], logits * rl_scale, -float('inf'))
-        values = tl.load(VT + r_offs, mask=r_mask, other=0.0)
         m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
                                         PRECISION, UPCAST)
     # Routed keys of this expert, read by index from K and V.
-    k_base = K + _group_base(g, heads, skb, skh)
-    v_base = V + _group_base(g, heads, svb, svh)
+    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
+    topk_e = TOPK + (g * m + expert).to(tl.int64) * k  # the expert's row
     for n0 in range(0, k, BLOCK_N):
-        n_mask, key_rows, keys, values = _routed_keys(TOPK, k_base, v_base, g,
-                                                      expert, n0, k, m, skn,
-                                                      svn, offs_d, d_mask,
-                                                      BLOCK_N)
+        n_mask, key_rows, keys, values = _routed_keys(
+            topk_e, k_base, v_base, n0, k, skn, svn, offs_d, d_mask, BLOCK_N)
         logits = _dot(q, tl.trans(keys), PRECISION, UPCAST)
         logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
         m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
@@ -471,25 +482,20 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     lse = tl.load(LSE + out_rows, mask=row_mask, other=0.0)
     dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     for n0 in range(0, m, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        r_offs, r_mask, n_mask = _landmark_rows(g, offs_n, m, d, offs_d,
-                                                d_mask)
-        marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
+        marks, values, n_mask, r_offs, r_mask = _compressed_keys(
+            R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
         p = _probs(q, marks, lse, row_mask[:, None] & n_mask[None, :],
                    rl_scale, PRECISION, UPCAST)
-        values = tl.load(VT + r_offs, mask=r_mask, other=0.0)
         ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * (
             scale * scale)
         dq += _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION, UPCAST)
         _add_key_grads(DR, DVT, r_offs, r_mask, ds, p, q, do, PRECISION,
                        UPCAST)
-    k_base = K + _group_base(g, heads, skb, skh)
-    v_base = V + _group_base(g, heads, svb, svh)
+    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
+    topk_e = TOPK + (g * m + expert).to(tl.int64) * k  # the expert's row
     for n0 in range(0, k, BLOCK_N):
-        n_mask, key_rows, keys, values = _routed_keys(TOPK, k_base, v_base, g,
-                                                      expert, n0, k, m, skn,
-                                                      svn, offs_d, d_mask,
-                                                      BLOCK_N)
+        n_mask, key_rows, keys, values = _routed_keys(
+            topk_e, k_base, v_base, n0, k, skn, svn, offs_d, d_mask, BLOCK_N)
         p = _probs(q, keys, lse, row_mask[:, None] & n_mask[None, :], qk_scale,
                    PRECISION, UPCAST)
         ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * scale
