@@ -231,14 +231,15 @@ class MiTAViT(VisionTransformer):
                  dwc: bool = False, gate: bool = False,
                  full_attention: str = 'mmcv', **kwargs):
         check_choice(full_attention, 'full_attention', FULL_ATTENTION)
-        self_args = inspect.signature(VisionTransformer.__init__).bind(
+        bound = inspect.signature(VisionTransformer.__init__).bind(
             None, *args, **kwargs)
-        self_args.apply_defaults()
-        vit = self_args.arguments
+        bound.apply_defaults()
+        vit = dict(bound.arguments)  # every argument of mmseg's ViT
+        del vit['self']
         # mmseg's ViT without layers, then the layers it would build, with
         # MiTA-capable attention (same arguments, same order of random
         # draws, same state-dict keys).
-        super().__init__(*args, **{**kwargs, 'num_layers': 0})
+        super().__init__(**{**vit, 'num_layers': 0})
         num_layers = vit['num_layers']
         if vit['out_indices'] == -1:
             self.out_indices = [num_layers - 1]
