@@ -137,15 +137,19 @@ def test_checkpoint_for_another_resolution_loads(checkpoint):
     assert model.pos_embed.shape == (1, 1 + 6 * 6, 32)
 
 
-@pytest.mark.parametrize('damage',
-                         ['truncated', 'empty', 'garbage', 'bit-flipped'])
+@pytest.mark.parametrize(
+    'damage', ['truncated', 'empty', 'garbage', 'bit-flipped', 'bytes-lost'])
 def test_corrupt_checkpoint(checkpoint, tmp_path, damage):
     path, _ = checkpoint
     data = path.read_bytes()
+    # bytes-lost: 7 bytes of the first member's header gone, so every offset
+    # of the zip directory points past its entry (zipfile then seeks to a
+    # negative position: a raw OSError unless reported)
     broken = {'truncated': lambda: data[:len(data) // 2],
               'empty': lambda: b'',
               'garbage': lambda: b'<html>404 Not Found</html>',
-              'bit-flipped': lambda: flip_bit_in_tensor(path)}[damage]()
+              'bit-flipped': lambda: flip_bit_in_tensor(path),
+              'bytes-lost': lambda: data[:37] + data[44:]}[damage]()
     bad = tmp_path / 'bad.pth'
     bad.write_bytes(broken)
     pattern = (rf'checkpoint {re.escape(str(bad))} \({len(broken)} bytes\) '

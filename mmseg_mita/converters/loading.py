@@ -52,7 +52,9 @@ def zip_damage(path: str) -> Optional[str]:
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
-    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+        # OSError: offsets of the directory pointing outside the file
+        # (bytes lost or added), so that zipfile seeks before its start
         return f'{type(e).__name__}: {e}'
     return None if bad is None else f'member {bad} fails its CRC-32 check'
 
