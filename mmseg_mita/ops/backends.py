@@ -22,6 +22,9 @@ import torch
 from torch import Tensor
 
 from .experts import compute_dtype, compute_experts
+from .export_backend import mita_export
+from .flash_backend import mita_flash  # imports flash-attn only when run
+from .torch_backend import mita_torch
 from .options import LANDMARKS, MiTAOptions
 
 # run(q, k, v, hw, num_extra_tokens, options, dropout_p) -> out
@@ -180,16 +183,6 @@ def with_experts(fn: Callable) -> RunFn:
     return run
 
 
-def _torch_run(*args):
-    from .torch_backend import mita_torch
-    return with_experts(mita_torch)(*args)
-
-
-def _flash_run(*args):
-    from .flash_backend import mita_flash
-    return with_experts(mita_flash)(*args)
-
-
 def _triton_run(q, k, v, hw, num_extra_tokens, options, dropout_p):
     from .triton_backend import mita_triton  # fused: the shared part too
     return mita_triton(q, k, v, hw, num_extra_tokens, options.pool_size,
@@ -206,15 +199,14 @@ def _triton_checks(q: Tensor) -> List[str]:
 
 
 def _export_run(q, k, v, hw, num_extra_tokens, options, dropout_p):
-    from .export_backend import mita_export
     return mita_export(q, k, v, hw, num_extra_tokens, options.pool_size,
                        options.topk)
 
 
-register_backend(MiTABackend('torch', _torch_run))
+register_backend(MiTABackend('torch', with_experts(mita_torch)))
 register_backend(
-    MiTABackend('flash', _flash_run, devices=('cuda', ), dtypes=HALF_DTYPES,
-                max_head_dim=256, head_dim_multiple=8,
+    MiTABackend('flash', with_experts(mita_flash), devices=('cuda', ),
+                dtypes=HALF_DTYPES, max_head_dim=256, head_dim_multiple=8,
                 max_experts_per_query=1, requires=('flash_attn', )))
 register_backend(
     MiTABackend('triton', _triton_run,
