@@ -2,17 +2,15 @@
 
 Per compute capability (:data:`ARCHS`), from the CUDA C++ Programming
 Guide's "Technical Specifications per Compute Capability" and the
-architecture tuning guides: shared memory per SM and the most one block may
-use (1 KB of each SM's shared memory is kept by the system for every
-resident block, hence per block = per SM - 1 KB), resident threads and
-blocks per SM, the register file. Per part (:data:`PARTS`): the SM count of
-the reference part of each architecture and, for the H200 (the one part the
-cost model times), the vendor datasheet's HBM bandwidth and dense tensor
-rates (H200 SXM: 4.8 TB/s, bf16/fp16 989 TFLOP/s, tf32 494 TFLOP/s, fp32
-67 TFLOP/s without tensor cores). ``/work/.library/device/KINDS.md``-style
-readings of this workplace's H200 (PyTorch: 132 SMs, 60 MB L2; a device
-copy at 4.3 TB/s, an 8192^3 bf16 matmul at 769-798 TFLOP/s) are what the
-datasheet numbers are checked against on a GPU run.
+architecture tuning guides: shared memory per SM (its largest carve-out)
+and the most one block may use (the system keeps 1 KB of each SM's shared
+memory for every resident block: per block = per SM - 1 KB), resident
+threads and blocks per SM, the register file and the unit registers are
+given to a warp in. Per part (:data:`PARTS`): the SM count of the
+reference part of each architecture and, for the H200 (the part the cost
+model times), the vendor's datasheet: HBM3e at 4.8 TB/s, dense bf16 / fp16
+989 TFLOP/s on the tensor cores, fp32 67 TFLOP/s without them; 60 MB of L2
+as PyTorch reports it on an H200.
 """
 from typing import Dict, NamedTuple, Optional
 
@@ -28,26 +26,21 @@ class Arch(NamedTuple):
     smem_reserved_per_block: int  # bytes the system keeps per resident block
     max_threads_per_sm: int
     max_blocks_per_sm: int
-    registers_per_sm: int  # 32-bit registers
-    max_registers_per_thread: int
+    registers_per_sm: int  # 32-bit registers (also the most a block may use)
     register_unit: int  # registers are given to a warp in units of this
     # Dense tensor-core multiply-adds per clock per SM by operand type (float32
     # accumulation), where the cost model uses them.
     mma_per_clock: Optional[Dict[str, int]] = None
 
-    @property
-    def name(self) -> str:
-        return f'sm_{self.arch}'
-
 
 ARCHS = {
     a.arch: a
     for a in (
-        Arch(80, 164 * KB, 163 * KB, KB, 2048, 32, 65536, 255, 256),
-        Arch(89, 100 * KB, 99 * KB, KB, 1536, 24, 65536, 255, 256),
+        Arch(80, 164 * KB, 163 * KB, KB, 2048, 32, 65536, 256),
+        Arch(89, 100 * KB, 99 * KB, KB, 1536, 24, 65536, 256),
         # Hopper: twice the A100's 1024 bf16 multiply-adds per clock per SM
         # (989 TFLOP/s = 2 * 2048 * 132 SMs * 1.83 GHz).
-        Arch(90, 228 * KB, 227 * KB, KB, 2048, 32, 65536, 255, 256,
+        Arch(90, 228 * KB, 227 * KB, KB, 2048, 32, 65536, 256,
              dict(BF16=2048, F16=2048, TF32=1024)),
     )
 }
@@ -98,19 +91,26 @@ def arch(value: int) -> Arch:
     return ARCHS[value]
 
 
+def registers_per_warp(facts: Arch, registers: int) -> int:
+    """Registers a warp of ``registers``-per-thread code is given: 32 x
+    ``registers`` rounded up to the allocation unit (at least one unit)."""
+    return max(1, -(-registers * 32 // facts.register_unit)) * \
+        facts.register_unit
+
+
 def blocks_per_sm(facts: Arch, num_warps: int, registers: int,
                   shared: int) -> int:
     """Resident blocks per SM (occupancy) of a kernel with ``num_warps``
     warps, ``registers`` per thread and ``shared`` bytes of shared memory
     per block: the fewest that threads, the blocks limit, registers
-    (``ceil(registers * 32 / unit) * unit`` per warp) and shared memory
+    (:func:`registers_per_warp`) and shared memory
     (plus the system's reserve per block) allow; 0 when one block does not
     fit."""
     threads = num_warps * 32
-    per_warp = -(-registers * 32 // facts.register_unit) * facts.register_unit
     limits = [
         facts.max_threads_per_sm // threads, facts.max_blocks_per_sm,
-        facts.registers_per_sm // max(per_warp, 1) // num_warps
+        facts.registers_per_sm // registers_per_warp(facts, registers) //
+        num_warps
     ]
     if shared > facts.smem_per_block:
         return 0

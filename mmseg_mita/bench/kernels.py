@@ -50,6 +50,7 @@ dO, dq, dk, dv backward; its roofline at the same peak.
 """
 import argparse
 import math
+import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from . import hardware, sass
@@ -341,7 +342,8 @@ def launch_row(launch: dict, arch: int, dtype: str) -> dict:
     row.update(
         grid=launch['grid'], num_warps=launch['num_warps'],
         num_stages=launch['num_stages'], registers=launch['registers'],
-        shared=launch['shared'], fits=launch['fits'], blocks_per_sm=resident,
+        shared=launch['shared'], fits=launch['shared'] <= facts.smem_per_block,
+        blocks_per_sm=resident,
         waves=programs / (resident * part.sms) if resident else None,
         bytes=moved, flops=flops, roofline_s=roofline(moved, flops, dtype),
         **{f: static[f] for f in STATIC_FIELDS})
@@ -485,6 +487,19 @@ def _shape(text: str) -> CallShape:
     return CallShape(int(tokens), batch=int(batch or 1))
 
 
+def _write_sass(results: List[dict], folder: str) -> None:
+    for result in results:
+        shape = CallShape(**result['shape'])
+        arch_dir = os.path.join(folder, f"sm_{result['arch']}")
+        os.makedirs(arch_dir, exist_ok=True)
+        for launch in result['launches']:
+            if launch['kind'] == 'triton':
+                name = (f"{launch['name']}.N{shape.tokens}x{shape.groups}."
+                        f"{result['dtype']}.sass")
+                with open(os.path.join(arch_dir, name), 'w') as f:
+                    f.write(launch['sass'])
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--archs', type=int, nargs='+', default=[80, 89, 90],
                         choices=sorted(hardware.ARCHS),
@@ -501,6 +516,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--cache-dir', help="triton's cache dir")
     parser.add_argument('--workers', type=int, default=1,
                         help='compiling processes (one arch each)')
+    parser.add_argument('--sass-dir',
+                        help='write the SASS of every Triton launch there '
+                        '(SASS_DIR/sm_ARCH/KERNEL.N<tokens>x<groups>.sass)')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -513,8 +531,12 @@ def run(args: argparse.Namespace) -> int:
                             pool=args.pool, topk=args.topk))
         for arch in args.archs for shape in args.shapes
     ]
-    rep = report(compile_isolated(cases, args.cache_dir,
-                                  workers=args.workers))
+    results = compile_isolated(cases, args.cache_dir,
+                               keep_sass=bool(args.sass_dir),
+                               workers=args.workers)
+    if args.sass_dir:
+        _write_sass(results, args.sass_dir)
+    rep = report(results)
     rep['dtype'] = args.dtype
     text = markdown(rep)
     print(text, end='')

@@ -25,7 +25,7 @@ the cache dir, the compile listener and triton's shared-memory limit at
 launch are replaced, and all of them are restored at its exit. Triton's
 check of shared memory against the device is lifted there (the driver
 reports the target's true limit to the launch code): a kernel that would
-not launch is still recorded, and ``fits`` says whether it would.
+not launch is still recorded (:mod:`.kernels` reports whether it fits).
 
 The launch code reads the target, if at all, from
 ``triton.runtime.driver.active.get_current_target()``; today's picks its
@@ -137,9 +137,8 @@ class _Utils:
 
     def load_binary(self, name, cubin, shared, device):
         registers, stack, text = _disassemble(cubin)
-        per_warp = -(-registers * 32 // self.facts.register_unit)
-        warps = self.facts.registers_per_sm // (per_warp *
-                                                self.facts.register_unit)
+        warps = self.facts.registers_per_sm // hardware.registers_per_warp(
+            self.facts, registers)
         max_threads = min(1024, warps * 32)
         return None, _Binary(registers, stack, text), registers, stack // 4, \
             max_threads
@@ -212,9 +211,8 @@ class Recorder(LaunchCounter):
     driver's launcher) and ATen ops (as the launch counter sees them), each
     tagged with the current ``stage``."""
 
-    def __init__(self, arch: int):
+    def __init__(self):
         super().__init__()
-        self.facts = hardware.arch(arch)
         self.launches: List[dict] = []
         self.compiles: Dict[str, dict] = {}
         self.ptxas_log = io.StringIO()
@@ -242,12 +240,10 @@ class Recorder(LaunchCounter):
 
     def triton_launch(self, src, metadata, grid, binary: _Binary, args):
         names = src.fn.arg_names
-        shared = metadata.shared
         self.launches.append(
             dict(kind='triton', name=metadata.name, stage=self.stage,
                  grid=list(grid), num_warps=metadata.num_warps,
-                 num_stages=metadata.num_stages, shared=shared,
-                 fits=shared <= self.facts.smem_per_block,
+                 num_stages=metadata.num_stages, shared=metadata.shared,
                  registers=binary.registers, stack=binary.stack,
                  args={n: _describe(a) for n, a in zip(names, args)},
                  compile=self.compiles.pop(metadata.hash, None),
@@ -304,7 +300,7 @@ def compile_call(arch: int, shape: CallShape, dtype: str,
     size = (shape.batch, shape.heads, shape.tokens, shape.head_dim)
     q, k, v = (torch.empty(size, dtype=DTYPES[dtype], device='meta',
                            requires_grad=True) for _ in range(3))
-    recorder = Recorder(arch)
+    recorder = Recorder()
     with compiling_for(arch, recorder, cache_dir), recorder:
         out = triton_backend.mita_triton_fwd(
             q, k, v, hgt, wid, pooled_tokens(shape.extra, 'patches'),
@@ -349,6 +345,8 @@ def compile_isolated(cases: Sequence[Case], cache_dir: Optional[str] = None,
     default). Returns one dict per case, in order: ``arch``, ``dtype``,
     ``shape``, ``seconds``, ``launches`` (the SASS text of each Triton launch
     only with ``keep_sass``)."""
+    if workers < 1:
+        raise ValueError(f'workers={workers}: give 1 or more processes')
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     root = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
@@ -374,13 +372,19 @@ def compile_isolated(cases: Sequence[Case], cache_dir: Optional[str] = None,
                 [sys.executable, '-c', 'import sys; from mmseg_mita.bench.'
                  'triton_aot import _worker; _worker(sys.argv[1])', request],
                 stdout=subprocess.DEVNULL, stderr=log, env=env), log))
-        for w, (proc, log) in enumerate(running):
-            with log:
+        try:
+            for w, (proc, log) in enumerate(running):
                 if proc.wait(timeout=timeout):
                     log.seek(0)
                     raise RuntimeError('compiling failed:\n' +
                                        log.read()[-6000:])
-            with open(os.path.join(tmp, f'output{w}.json')) as f:
-                for i, result in zip(shares[w], json.load(f)):
-                    results[i] = result
+                with open(os.path.join(tmp, f'output{w}.json')) as f:
+                    for i, result in zip(shares[w], json.load(f)):
+                        results[i] = result
+        finally:
+            for proc, log in running:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                log.close()
     return results

@@ -12,7 +12,8 @@ from mmseg_mita.bench import hardware
         (90, 4, 32, 0, 16),  # threads: 2048 / 128
         (90, 1, 32, 0, 32),  # the blocks limit
         (89, 4, 32, 0, 12),  # sm_89 keeps 1536 threads
-        (90, 4, 96, 48 * 1024, 4),  # shared: 228 KB / (48 KB + 1 KB)
+        (90, 4, 97, 0, 4),  # 104 registers a thread (units of 8): 19 warps
+        (90, 4, 32, 57 * 1024, 3),  # shared: 228 KB / (57 KB + 1 KB)
         (90, 4, 32, 227 * 1024, 1),  # the most a block may use
         (90, 4, 32, 227 * 1024 + 1, 0),  # one byte more does not launch
         (89, 4, 32, 99 * 1024 + 1, 0),

@@ -15,7 +15,7 @@ H200 = hardware.TIMED_PART
 def _launch(grid, regions, registers=64, shared=1024, warps=4):
     return dict(kind='triton', name='_toy', stage='forward', grid=grid,
                 num_warps=warps, num_stages=3, registers=registers,
-                shared=shared, fits=True, args=dict(n=160), regions=regions)
+                shared=shared, args=dict(n=160), regions=regions)
 
 
 @pytest.fixture
