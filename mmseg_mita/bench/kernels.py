@@ -525,12 +525,13 @@ def run(args: argparse.Namespace) -> int:
     """Compiles, models, prints the markdown (and writes ``--json`` /
     ``--markdown``); exit code 0 (targets are reported, not enforced)."""
     from mmseg_mita.utils.io import write_atomic, write_json
-    cases = [
-        Case(arch, args.dtype,
-             shape._replace(heads=args.heads, head_dim=args.head_dim,
-                            pool=args.pool, topk=args.topk))
-        for arch in args.archs for shape in args.shapes
+    shapes = [
+        shape._replace(heads=args.heads, head_dim=args.head_dim,
+                       pool=args.pool, topk=args.topk).check()
+        for shape in args.shapes
     ]
+    cases = [Case(arch, args.dtype, shape)
+             for arch in args.archs for shape in shapes]
     results = compile_isolated(cases, args.cache_dir,
                                keep_sass=bool(args.sass_dir),
                                workers=args.workers)

@@ -39,9 +39,9 @@ import contextlib
 import functools
 import io
 import json
-import re
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -80,6 +80,22 @@ class CallShape(NamedTuple):
     @property
     def groups(self) -> int:
         return self.batch * self.heads
+
+    def check(self) -> 'CallShape':
+        """Itself; ``ValueError`` if its patch grid cannot be pooled."""
+        if self.tokens - self.extra < self.pool**2:
+            raise ValueError(
+                f'tokens={self.tokens}: {self.extra} extra token(s) and a '
+                f'patch grid of at least {self.pool} x {self.pool} '
+                f'(pool={self.pool}) need tokens >= '
+                f'{self.extra + self.pool**2}')
+        hgt, wid = self.grid
+        if min(hgt, wid) < self.pool:
+            raise ValueError(
+                f'tokens={self.tokens}: its most square patch grid, {hgt} x '
+                f'{wid}, is narrower than pool={self.pool}; choose tokens = '
+                f'{self.extra} + H * W with H, W >= {self.pool}')
+        return self
 
 
 def _tool(name: str) -> str:
@@ -296,7 +312,7 @@ def compile_call(arch: int, shape: CallShape, dtype: str,
     if triton_backend.interpreted():
         raise RuntimeError('triton was imported with TRITON_INTERPRET=1: '
                            'use compile_isolated (a process without it)')
-    hgt, wid = shape.grid
+    hgt, wid = shape.check().grid
     size = (shape.batch, shape.heads, shape.tokens, shape.head_dim)
     q, k, v = (torch.empty(size, dtype=DTYPES[dtype], device='meta',
                            requires_grad=True) for _ in range(3))

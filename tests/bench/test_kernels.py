@@ -126,3 +126,13 @@ def test_kernels_command_one_target_one_shape(tmp_path, triton_cache,
     assert [t['key'] for t in rep['targets']] == [
         t.key for t in kernels.TARGETS
     ]
+
+
+@pytest.mark.parametrize('tokens, message', [(49, 'need tokens >= 50'),
+                                              (1 + 5 * 13, 'narrower')])
+def test_shapes_that_cannot_be_pooled_are_refused(tokens, message):
+    parser = argparse.ArgumentParser()
+    kernels.add_arguments(parser)
+    args = parser.parse_args(['--archs', '90', '--shapes', str(tokens)])
+    with pytest.raises(ValueError, match=f'tokens={tokens}.*{message}'):
+        kernels.run(args)
