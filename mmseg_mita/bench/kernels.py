@@ -262,9 +262,12 @@ def per_program(launch: dict, trips: Sequence[float]) -> dict:
     loops = max((max(r['loops']) + 1 for r in launch['regions']
                  if r['loops']), default=0)
     if loops != len(trips):
+        where = ''.join(f'\n  loop {i}: {source}'
+                        for i, source in enumerate(launch.get('loops', [])))
         raise ValueError(
             f"{launch['name']}: {loops} loops in its SASS, {len(trips)} trip "
-            'counts in mmseg_mita.bench.kernels.KERNELS: update its trips')
+            'counts in mmseg_mita.bench.kernels.KERNELS: update its trips '
+            f'(SASS loops in address order, by source line):{where}')
     total, mma = {}, {}
     for region in launch['regions']:
         weight = math.prod(trips[i] for i in region['loops'])

@@ -39,6 +39,7 @@ import contextlib
 import functools
 import io
 import json
+import linecache
 import math
 import os
 import re
@@ -47,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -104,19 +105,25 @@ def _tool(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _disassemble(cubin: bytes):
-    """(registers, stack bytes, SASS text) of a one-kernel cubin."""
+def _disassemble(cubin: bytes) -> '_Binary':
+    """Registers, stack bytes, SASS text and source lines of a one-kernel
+    cubin."""
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.check_output([_tool('cuobjdump'), '-res-usage',
-                                         f.name], text=True)
-        text = subprocess.check_output([_tool('cuobjdump'), '-sass', f.name],
-                                       text=True, stderr=subprocess.DEVNULL)
+
+        def tool(name, *options):
+            return subprocess.check_output([_tool(name), *options, f.name],
+                                           text=True,
+                                           stderr=subprocess.DEVNULL)
+
+        usage = tool('cuobjdump', '-res-usage')
+        text = tool('cuobjdump', '-sass')
+        lines = sass.source_lines(tool('nvdisasm', '-c', '--print-line-info'))
     fields = dict(
         item.split(':', 1) for line in usage.splitlines()
         if 'REG:' in line for item in line.split())
-    return int(fields['REG']), int(fields['STACK']), text
+    return _Binary(int(fields['REG']), int(fields['STACK']), text, lines)
 
 
 def _ptxas_report(log: str) -> Optional[dict]:
@@ -136,6 +143,7 @@ class _Binary(NamedTuple):
     registers: int
     stack: int
     sass: str
+    lines: Dict[int, Tuple[str, int]]  # address -> source file, line
 
 
 class _Utils:
@@ -152,12 +160,11 @@ class _Utils:
                     multiprocessor_count=part.sms, warpSize=32)
 
     def load_binary(self, name, cubin, shared, device):
-        registers, stack, text = _disassemble(cubin)
+        binary = _disassemble(cubin)
         warps = self.facts.registers_per_sm // hardware.registers_per_warp(
-            self.facts, registers)
-        max_threads = min(1024, warps * 32)
-        return None, _Binary(registers, stack, text), registers, stack // 4, \
-            max_threads
+            self.facts, binary.registers)
+        return (None, binary, binary.registers, binary.stack // 4,
+                min(1024, warps * 32))
 
 
 class _Launcher:
@@ -209,6 +216,16 @@ class StubDriver:
 
     def get_benchmarker(self):
         raise RuntimeError('nothing runs on a stand-in driver')
+
+
+def _source(where) -> Optional[str]:
+    """``file:line: code`` of a SASS loop's backward branch (None without
+    line info)."""
+    if where is None:
+        return None
+    path, line = where
+    code = linecache.getline(path, line).strip()
+    return f'{os.path.basename(path)}:{line}: {code}'
 
 
 def _describe(value):
@@ -264,6 +281,8 @@ class Recorder(LaunchCounter):
                  args={n: _describe(a) for n, a in zip(names, args)},
                  compile=self.compiles.pop(metadata.hash, None),
                  regions=[r.as_dict() for r in sass.profile(binary.sass)],
+                 loops=[_source(binary.lines.get(last))
+                        for _, last in sass.loops(sass.parse(binary.sass))],
                  sass=binary.sass))
 
 

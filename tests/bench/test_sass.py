@@ -57,3 +57,18 @@ def test_regions_count_each_loop_nest():
 def test_unknown_mma_shape_is_refused():
     with pytest.raises(ValueError, match='HMMA_SHAPES'):
         sass.profile(_line(0, 'HMMA.161616.F32.BF16 R8, R12, R16, R8'))
+
+
+def test_source_lines_of_an_nvdisasm_listing():
+    listing = '\n'.join([
+        '\t//## File "/x/kernel.py", line 12',
+        '        /*0000*/                   LDC R1, c[0x0][0x28] ;',
+        '        /*0010*/                   S2R R0, SR_CTAID.Y ;',
+        '\t//## File "/x/kernel.py", line 15',
+        '        /*0020*/               @P0 BRA `(.L_x_0) ;',
+    ])
+    assert sass.source_lines(listing) == {
+        0x00: ('/x/kernel.py', 12),
+        0x10: ('/x/kernel.py', 12),
+        0x20: ('/x/kernel.py', 15)
+    }
