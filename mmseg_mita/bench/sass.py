@@ -14,7 +14,8 @@ loop):
   ``HMMA.16816`` is 16 x 8 x 16 for its warp, an ``HGMMA.64x64x16`` is
   64 x 64 x 16 for its warpgroup of 4 warps, so a quarter per warp;
 * ``atomics`` and ``atomic_bytes``: global atomic instructions
-  (``ATOMG``, ``ATOM``, ``RED``) and the bytes a warp moves with them
+  (``ATOMG``, ``ATOM``, ``RED``; ``REDG`` on sm_90: a relaxed
+  ``tl.atomic_add``) and the bytes a warp moves with them
   (32 lanes x the vector width, e.g. 16 for ``F32x4``);
 * ``gpu_fences``: ``MEMBAR`` at GPU or system scope (``MEMBAR.ALL.GPU``,
   ``MEMBAR.SC.GPU``... ; ``MEMBAR.ALL.CTA`` is CTA scope and not counted)
@@ -43,7 +44,7 @@ _ADDRESS = re.compile(r'^\s*/\*([0-9a-f]+)\*/')
 _HGMMA = re.compile(r'^(\d+)x(\d+)x(\d+)$')
 # mma.sync shapes as HMMA spells them (M, N, K).
 HMMA_SHAPES = {'16816': (16, 8, 16), '1688': (16, 8, 8), '884': (8, 8, 4)}
-GLOBAL_ATOMICS = ('ATOMG', 'ATOM', 'RED')
+GLOBAL_ATOMICS = ('ATOMG', 'ATOM', 'RED', 'REDG')  # not REDUX (a warp sum)
 FIELDS = ('instructions', 'atomics', 'atomic_bytes', 'gpu_fences',
           'l1_invalidations', 'spill_store_bytes', 'spill_load_bytes')
 
