@@ -1,7 +1,9 @@
 """Pure PyTorch MiTA backend: blocked attention over per-expert key sets.
 
-Contract (:mod:`.experts`): ``mita_torch(q, k, v, experts, dropout_p)`` on
-any device and floating dtype; autograd reaches ``q``, ``k``, ``v``,
+The backend (``BACKEND``, declared at the end: any device and floating
+dtype, every option) is :func:`mita_torch`: the shared part
+(:func:`~.experts.compute_experts`), then :func:`attend_experts` (the seam
+of :mod:`.experts`), whose autograd reaches ``q``, ``k``, ``v``,
 ``experts.route_logits`` and ``experts.shared_values``.
 
 The queries, sorted by expert, sit in blocks of ``block`` slots that all
@@ -32,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .experts import MiTAExperts, compute_dtype, softmax_fp32
+from .declaration import MiTABackend
+from .experts import MiTAExperts, compute_dtype, compute_experts, softmax_fp32
+from .plan import MiTAPlan
 from .routing import BlockLayout, block_layout, routed_index, to_slots
 
 
@@ -343,11 +347,11 @@ def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
     return out.baddbmm_(a, b, beta=0, alpha=scale)
 
 
-def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
-               dropout_p: float = 0.0) -> Tensor:
-    """The torch backend (see :mod:`.experts` for the contract): any device
-    and dtype, every variant, dropout included; under autocast it computes
-    in the autocast dtype."""
+def attend_experts(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
+                   dropout_p: float = 0.0) -> Tensor:
+    """Each query's one softmax given the shared part ``experts`` (the
+    seam of :mod:`.experts`): any device and dtype, every variant, dropout
+    included; under autocast it computes in the autocast dtype."""
     b, h, n, d = q.shape
     g = b * h
     m = experts.landmarks.shape[1]
@@ -377,3 +381,13 @@ def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
                                              shared_values, key_rows, layout,
                                              s, dropout_p)
     return out.view(b, h, n, d)
+
+
+def mita_torch(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan) -> Tensor:
+    """The torch backend's run: MiTA of ``q``, ``k``, ``v`` [B, heads, N,
+    d] for the call's ``plan``."""
+    return attend_experts(q, k, v, compute_experts(q, k, v, plan),
+                          plan.dropout_p)
+
+
+BACKEND = MiTABackend('torch', mita_torch)
