@@ -70,8 +70,9 @@ class ExpertRecorder:
     """Records the routing of every MiTA layer of a ``MiTAViT`` forward."""
 
     def __init__(self, backbone):
-        from mmseg_mita.ops import compute_experts
+        from mmseg_mita.ops import MiTAPlan, compute_experts
         self.compute_experts = compute_experts
+        self.plan = MiTAPlan.build
         self.backbone = backbone
         self.maps = {}  # layer index -> [heads, N] selection frequency
         self.inputs = None
@@ -100,8 +101,8 @@ class ExpertRecorder:
             if not options.routed_experts:
                 raise SystemExit('error: compression-only MiTA '
                                  '(routed_experts=False) selects no keys')
-            experts = self.compute_experts(q, k, v, hw,
-                                           attn.num_extra_tokens, options)
+            plan = self.plan(q, hw, attn.num_extra_tokens, options)
+            experts = self.compute_experts(q, k, v, plan)
             freq = selection_frequency(experts.expert, experts.topk_index,
                                        options.num_landmarks)
             self.maps[index] = dict(

@@ -1,5 +1,6 @@
 """tools/sweep_mk.py, tools/show_experts.py and swapping the attention of a
 checkpoint at test time (tools/test.py --cfg-options)."""
+import dataclasses
 import json
 import os.path as osp
 import re
@@ -159,10 +160,10 @@ class _RecordingRunner:
     def test(self):
         backbone = self.model.backbone
         backbone(torch.randn(1, 3, 48, 40))  # a 6 x 5 patch grid
-        cfg = backbone.mita_cfg
-        self.settings.append(cfg and {k: cfg[k] for k in (
-            'pool_size', 'topk', 'experts_per_query', 'shared_expert',
-            'routed_experts', 'landmarks', 'layers')})
+        mita = backbone.mita
+        self.settings.append(mita and dict(
+            dataclasses.asdict(mita.options),
+            layers=list(backbone.mita_layers)))
         return {'mIoU': float(len(self.settings))}
 
 
