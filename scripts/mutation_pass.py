@@ -21,6 +21,8 @@ VIT = 'mmseg_mita/models/backbones/mita_vit.py'
 OP = 'mmseg_mita/ops/mita_attention.py'
 OPTIONS = 'mmseg_mita/ops/options.py'
 BACKENDS = 'mmseg_mita/ops/backends.py'
+DECLARATION = 'mmseg_mita/ops/declaration.py'
+PLAN = 'mmseg_mita/ops/plan.py'
 BACKEND_TEST = ['tests/ops/test_backends.py', 'tests/ops/test_variants.py']
 TRITON = 'mmseg_mita/ops/triton_backend.py'
 ROUTING = 'mmseg_mita/ops/routing.py'
@@ -55,14 +57,35 @@ MUTATIONS = [
      'experts_per_query=min(options.experts_per_query, pool[0] * pool[1]))',
      'experts_per_query=options.experts_per_query)',
      ['tests/models/test_any_input_shape.py']),
-    ('a backend\'s declared head_dim limit not checked', BACKENDS,
+    ('a backend\'s declared head_dim limit not checked', DECLARATION,
      'if self.max_head_dim is not None and d > self.max_head_dim:',
      'if self.max_head_dim is not None and d > self.max_head_dim + 8:',
      BACKEND_TEST),
     ('auto ignoring what the first backend cannot run', BACKENDS,
-     '            if not backend.not_supported_reasons(q, k, v, options,',
-     '            if backend.name or backend.not_supported_reasons(q, k, v, options,',
+     '        if not reasons:',
+     "        if not reasons or name == 'auto':", BACKEND_TEST),
+    ('auto that finds no backend names the last candidate only', BACKENDS,
+     "refused[candidate] = '; '.join(reasons)",
+     "refused = {candidate: '; '.join(reasons)}", BACKEND_TEST),
+    ('triton imported with the operator (not deferred)', BACKENDS,
+     '    register_backend(_module.BACKEND)\n',
+     "    register_backend(_module.BACKEND)\nget_backend('triton')\n",
+     ['tests/test_package_imports.py::'
+      'test_operator_imports_with_torch_alone']),
+    ('plan: topk not clipped to N', PLAN, '    return min(topk, num_tokens)',
+     '    return topk', BACKEND_TEST),
+    ('options validated twice', OPTIONS,
+     "object.__setattr__(self, 'pool_size', _checked(self, prefix))",
+     "object.__setattr__(self, 'pool_size', _checked(self, prefix)) or "
+     '_checked(self, prefix)', BACKEND_TEST),
+    ('mita_cfg errors without the mita_cfg. prefix', OPTIONS,
+     'return cls(**fields, prefix=prefix)', 'return cls(**fields)',
      BACKEND_TEST),
+    ('set_attention_backend switches the backbone but not its layers', VIT,
+     '        self._use_mita(dataclasses.replace(self.mita, backend=backend),',
+     '        self.mita = dataclasses.replace(self.mita, backend=backend)\n'
+     '        (dataclasses.replace(self.mita, backend=backend),',
+     LAYER_TEST),
     ('attention dropout in eval mode', VIT,
      'dropout_p = mha.dropout if self.training else 0.0',
      'dropout_p = mha.dropout', LAYER_TEST),
@@ -231,10 +254,9 @@ MUTATIONS = [
     ('Triton float32 dots on tf32', TRITON,
      "self.precision = 'ieee' if dtype == torch.float32 else 'tf32'",
      "self.precision = 'tf32'", TRITON_TEST),
-    ('Triton declared to take head_dim up to 127 only', BACKENDS,
-     'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=128,',
-     'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=127,',
-     TRITON_TEST),
+    ('Triton declared to take head_dim up to 127 only', TRITON,
+     'max_head_dim=128, max_experts_per_query=1,',
+     'max_head_dim=127, max_experts_per_query=1,', TRITON_TEST),
 ]
 
 
