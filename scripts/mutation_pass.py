@@ -72,6 +72,10 @@ MUTATIONS = [
      "    register_backend(_module.BACKEND)\nget_backend('triton')\n",
      ['tests/test_package_imports.py::'
       'test_operator_imports_with_torch_alone']),
+    ('triton collected by importlib (a graph break under torch.compile)',
+     BACKENDS, '    from .triton_backend import BACKEND  # imports triton',
+     "    BACKEND = __import__('importlib').import_module("
+     "'.triton_backend', __package__).BACKEND", TRITON_TEST),
     ('plan: topk not clipped to N', PLAN, '    return min(topk, num_tokens)',
      '    return topk', BACKEND_TEST),
     ('options validated twice', OPTIONS,

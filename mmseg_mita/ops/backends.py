@@ -13,7 +13,6 @@ the call; when none can run, and when an explicitly named backend cannot,
 it raises ``ValueError`` listing every reason of every candidate (the
 pattern of xformers' ``fmha`` dispatch).
 """
-import importlib
 from typing import Dict, Tuple
 
 from torch import Tensor
@@ -28,9 +27,18 @@ REGISTRY: Dict[str, MiTABackend] = {}
 # N (docs/gpu.md), so speed, not validation, keeps it out. 'export' is
 # chosen explicitly (mmseg_mita.deploy.prepare_for_export).
 AUTO_PRIORITY = ('flash', 'torch')
-# Backends collected on first use: name -> (module, the optional package
-# that importing the module imports).
-DEFERRED = {'triton': ('triton_backend', 'triton')}
+
+
+def _triton_backend() -> MiTABackend:
+    # An import statement, not importlib: torch.compile traces it
+    # (fullgraph) when the first call is a compiled one.
+    from .triton_backend import BACKEND  # imports triton
+    return BACKEND
+
+
+# Backends collected on first use: name -> (the optional package that their
+# module imports, the function that imports it and returns its BACKEND).
+DEFERRED = {'triton': ('triton', _triton_backend)}
 
 
 def register_backend(backend: MiTABackend) -> MiTABackend:
@@ -52,12 +60,11 @@ def get_backend(name: str) -> MiTABackend:
     first use if it is deferred; ``ValueError`` for an unknown name, or for
     a deferred backend whose package is not installed."""
     if name not in REGISTRY and name in DEFERRED:
-        module, package = DEFERRED[name]
+        package, load = DEFERRED[name]
         if not module_available(package):
             raise ValueError(f'backend={name!r} cannot compute this call: '
                              f'{missing_module_reason(package)}. ' + _FALLBACK)
-        register_backend(
-            importlib.import_module(f'.{module}', __package__).BACKEND)
+        register_backend(load())
     if name not in REGISTRY:
         raise ValueError(f'backend must be one of {backend_names()}, got '
                          f'{name!r}')
@@ -91,3 +98,5 @@ _FALLBACK = ("Use backend='torch' (every device, dtype and option) or "
 
 for _module in (torch_backend, flash_backend, export_backend):
     register_backend(_module.BACKEND)
+for _package, _ in DEFERRED.values():
+    module_available(_package)  # looked up now, not while dispatching

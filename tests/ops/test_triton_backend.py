@@ -17,7 +17,7 @@ from low_precision import (assert_as_accurate_as_torch, relative_error,
 from mita_testing import aligned_qkv, experts_of, plan_of, random_qkv
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mmseg_mita.ops import mita_attention, naive_mita
+from mmseg_mita.ops import REGISTRY, mita_attention, naive_mita
 from mmseg_mita.ops.torch_backend import attend_experts
 
 pytest.importorskip(
@@ -246,6 +246,22 @@ def test_compiled_in_one_graph_matches_eager(backend):
                        list(torch.autograd.grad(out.square().sum(), leaves)))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_collected_on_first_use_inside_a_compiled_call(monkeypatch):
+    # The registry collects the Triton backend when it is first asked for,
+    # also when that call is traced by torch.compile(fullgraph=True).
+    monkeypatch.delitem(REGISTRY, 'triton', raising=False)
+
+    def through_the_operator(q, k, v):
+        return mita_attention(q, k, v, (4, 5), pool_size=2, topk=6,
+                              backend='triton')
+
+    inputs = [t.detach().float() for t in random_qkv(1, 2, 21, 16)]
+    got = torch.compile(through_the_operator, fullgraph=True,
+                        backend='aot_eager')(*inputs)
+    assert REGISTRY['triton'] is triton_backend.BACKEND
+    torch.testing.assert_close(got, _call(*inputs), rtol=0, atol=0)
 
 
 def test_custom_op_registrations_pass_opcheck():
