@@ -5,9 +5,10 @@ exporter records every step as a standard ONNX operator and no shape
 depends on the data:
 
 * the shared part is :func:`~.experts.compute_experts`, as for the torch
-  and flash backends, with the landmarks as the patch queries times the
-  fixed pooling matrix of :mod:`.fixed_pooling` (``MatMul``; valid for any
-  grid and a dynamic H, W): routed keys and routing by ``TopK`` (``k =
+  and flash backends (either landmark convention), with the landmarks as
+  the pooled queries times the fixed pooling matrix of
+  :mod:`.fixed_pooling` (``MatMul``; valid for any grid and a dynamic H,
+  W): routed keys and routing by ``TopK`` (``k =
   min(topk, N)`` a traced size, which follows the input's N), shared
   expert by ``Softmax`` and ``MatMul``;
 * each expert's ``k`` keys and values gathered once
@@ -32,8 +33,7 @@ No ``N x N`` tensor: everything is linear in ``N`` (slots: at most
 about 1.5x faster at N = 1025 (docs/deploy.md).
 
 What it does not compute (gradients, dropout, several experts per query,
-the ablations, the authors' landmark convention) is declared in
-``BACKEND``, at the end.
+the ablations) is declared in ``BACKEND``, at the end.
 """
 from typing import Sequence, Tuple
 
@@ -91,5 +91,4 @@ def mita_export(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan) -> Tensor:
 
 
 BACKEND = MiTABackend('export', mita_export, max_experts_per_query=1,
-                      ablations=False, landmarks=('patches', ),
-                      dropout=False, backward=False)
+                      ablations=False, dropout=False, backward=False)
