@@ -27,6 +27,9 @@ REGISTRY: Dict[str, MiTABackend] = {}
 # N (docs/gpu.md), so speed, not validation, keeps it out. 'export' is
 # chosen explicitly (mmseg_mita.deploy.prepare_for_export).
 AUTO_PRIORITY = ('flash', 'torch')
+# The end of every refusal of a named backend.
+_FALLBACK = ("Use backend='torch' (every device, dtype and option) or "
+             "backend='auto'")
 
 
 def _triton_backend() -> MiTABackend:
@@ -91,10 +94,6 @@ def select_backend(name: str, q: Tensor, k: Tensor, v: Tensor,
                      'call: ' + '. '.join(f'{candidate!r}: {reasons}'
                                           for candidate, reasons in
                                           refused.items()))
-
-
-_FALLBACK = ("Use backend='torch' (every device, dtype and option) or "
-             "backend='auto'")
 
 for _module in (torch_backend, flash_backend, export_backend):
     register_backend(_module.BACKEND)
