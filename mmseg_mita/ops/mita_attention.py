@@ -109,18 +109,18 @@ def mita_attention(q: Tensor,
             variant), built and validated once by the caller; or, instead,
             its fields as keywords (``pool_size=7, topk=49``, validated on
             every call). The defaults are the paper's m = k = 49.
-        backend: a name of :data:`~.backends.REGISTRY`: 'torch' (any
-            device and dtype, every option), 'flash' (flash-attn on CUDA,
-            fp16/bf16, ``experts_per_query=1``), 'triton' (Triton kernels on
-            CUDA, or on CPU under ``TRITON_INTERPRET=1``; float32/fp16/bf16,
-            head_dim <= 128, the default variant, no dropout), 'export'
-            (standard ONNX operators, inference only, the default variant:
-            see ``export_backend``), or 'auto': the first backend of
-            :data:`~.backends.AUTO_PRIORITY` that can run (flash where it
-            applies, else torch; triton ran correctly on an H200 but is not
-            chosen until it is faster at every size, docs/gpu.md). A
-            backend that cannot run raises ``ValueError`` with every
-            reason.
+        backend: a name of :func:`~.backends.backend_names`: 'torch'
+            (any device and dtype, every option), 'flash' (flash-attn on
+            CUDA, fp16/bf16, ``experts_per_query=1``), 'triton' (Triton
+            kernels on CUDA, or on CPU under ``TRITON_INTERPRET=1``;
+            float32/fp16/bf16, head_dim <= 128, the default variant, no
+            dropout), 'export' (standard ONNX operators, inference only,
+            the default variant: see ``export_backend``), or 'auto': the
+            first backend of :data:`~.backends.AUTO_PRIORITY` that can run
+            (flash where it applies, else torch; triton ran correctly on an
+            H200 but is not chosen until it is faster at every size,
+            docs/gpu.md). A backend that cannot run, or an 'auto' that
+            finds none, raises ``ValueError`` with every reason.
         dropout_p: dropout on the attention probabilities.
 
     Returns:

@@ -70,12 +70,6 @@ class MiTAOptions:
         """``m``."""
         return self.pool_size[0] * self.pool_size[1]
 
-    @property
-    def is_default_variant(self) -> bool:
-        """One routed expert per query, both experts, the patch landmarks."""
-        return (self.experts_per_query == 1 and self.shared_expert
-                and self.routed_experts and self.landmarks == 'patches')
-
     def fitted(self, hw: Tuple[int, int]) -> 'MiTAOptions':
         """These options for a patch grid ``hw`` smaller than the landmark
         grid: at most one landmark per patch along each axis (m shrinks),
