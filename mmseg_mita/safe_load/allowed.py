@@ -146,8 +146,11 @@ class _PendingArray(_Pending):
                           f'({count * dtype.itemsize} bytes) comes with '
                           f'{len(raw) if type(raw) is bytes else raw!r:.80} '
                           'bytes of data')
-        self._set(np.ndarray(shape, dtype, buffer=bytearray(raw),
-                             order='F' if fortran else 'C'))
+        array = np.ndarray(shape, dtype, buffer=bytearray(raw),
+                           order='F' if fortran else 'C')
+        # numpy swaps data of the other byte order to native on unpickling
+        self._set(array if dtype.isnative else array.astype(
+            dtype.newbyteorder('=')))
 
 
 class _Attribute(_Pending):
@@ -223,6 +226,14 @@ def _numpy_scalar(dtype: Any, data: Any) -> Any:
     return np.frombuffer(data, dtype)[0]
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()``, as protocol 2 pickles ``b''`` (an empty array's data)."""
+    if args:
+        raise Refused(f'it calls builtins.bytes{args!r:.100} (only bytes() '
+                      'is admitted)')
+    return b''
+
+
 def _getattr(owner: Any, name: Any) -> _Attribute:
     """``getattr`` as admitted: a statistics method of ``HistoryBuffer`` or
     an annealing function of ``OneCycleParamScheduler``."""
@@ -252,6 +263,7 @@ NAMED = {
     'numpy.dtype': _numpy_dtype,
     HISTORY_BUFFER: _PendingHistoryBuffer,
     'builtins.getattr': _getattr,
+    'builtins.bytes': _empty_bytes,
     ONE_CYCLE: ONE_CYCLE_CLASS,
     'argparse.Namespace': argparse.Namespace,
     'builtins.frozenset': frozenset,
