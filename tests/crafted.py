@@ -154,7 +154,7 @@ def deflated_zeros(name: str, size: int, prefix: bytes = b'') -> Member:
     return Member(name, b''.join(parts), len(prefix) + size, crc, 8)
 
 
-def _local(member: Member) -> bytes:
+def local_entry(member: Member) -> bytes:
     name = member.name.encode()
     return struct.pack('<4s5H3I2H', b'PK\x03\x04', 20, 0, member.method, 0,
                        0, member.crc, len(member.data), member.size,
@@ -179,7 +179,7 @@ def zip_archive(members: List[Member]) -> bytes:
     data, directory = b'', b''
     for member in members:
         directory += _central(member, len(data))
-        data += _local(member)
+        data += local_entry(member)
     return data + directory + _end(len(members), len(directory), len(data))
 
 
@@ -195,26 +195,26 @@ def two_directory_zip(for_torch: List[Member],
         short = min(for_torch, for_python, key=len)
         short.append(stored(f'{short[0].name.split("/")[0]}/pad'
                             f'{len(short)}', b''))
-    torch_data = b''.join(map(_local, for_torch))
-    torch_dir = [_central(m, sum(len(_local(k)) for k in for_torch[:i]))
+    torch_data = b''.join(map(local_entry, for_torch))
+    torch_dir = [_central(m, sum(len(local_entry(k)) for k in for_torch[:i]))
                  for i, m in enumerate(for_torch)]
     python_start = len(torch_data) + sum(map(len, torch_dir)) + 1024
     python_dir_size = sum(len(_central(m, 0)) for m in for_python)
-    python_data = b''.join(map(_local, for_python))
+    python_data = b''.join(map(local_entry, for_python))
     # Python: directory at end - size; offset shift = that - stated offset
     shift = python_start + len(python_data) - len(torch_data)
     python_dir, at = [], python_start
     for member in for_python:
         python_dir.append(_central(member, at - shift))
-        at += len(_local(member))
+        at += len(local_entry(member))
     pad = sum(map(len, torch_dir)) - python_dir_size
     torch_pad = max(-pad, 0)
     if pad > 0:  # pad the shorter directory with a comment on its last entry
         python_dir[-1] = _central(for_python[-1], at - shift - len(
-            _local(for_python[-1])), b'c' * pad)
+            local_entry(for_python[-1])), b'c' * pad)
     elif torch_pad:
         torch_dir[-1] = _central(
-            for_torch[-1], len(torch_data) - len(_local(for_torch[-1])),
+            for_torch[-1], len(torch_data) - len(local_entry(for_torch[-1])),
             b'c' * torch_pad)
     torch_dir, python_dir = b''.join(torch_dir), b''.join(python_dir)
     assert len(torch_dir) == len(python_dir)
@@ -312,6 +312,10 @@ def snapshot() -> Dict[str, Any]:
     from mmengine.logging import history_buffer
     from mmengine.optim.scheduler import param_scheduler
 
+    def ident(value):  # sets are rebuilt on every change: their items
+        return frozenset(map(id, value)) if isinstance(
+            value, (set, frozenset)) else id(value)
+
     state = {}
     modules = (torch, torch._utils, torch.serialization, wo, np,
                np.core.multiarray, argparse, collections, history_buffer,
@@ -322,7 +326,10 @@ def snapshot() -> Dict[str, Any]:
     objects += [v for v in vars(history_buffer.HistoryBuffer).values()
                 if callable(v)]
     for module in modules:
-        state[module.__name__] = {k: id(v) for k, v in vars(module).items()}
+        state[module.__name__] = {
+            k: ident(v)
+            for k, v in vars(module).items()
+        }
     for obj in objects + list(wo._get_allowed_globals().values()):
         name = getattr(obj, '__qualname__', repr(obj))
         state[name] = {
