@@ -232,8 +232,8 @@ ATTACKS = {
     'memory: legacy storage of 1.6 GB in a small file':
     (lambda: legacy(dumps({'w': rebuild_tensor(
         legacy_storage('0', 400_000_000), (400_000_000, ))}), ['0'],
-        [(400_000_000, b'')]), REFUSED,
-     r'tensors claim 1600000000 bytes or more of storage; the file has \d+'),
+        [(400_000_000, b'')]), CORRUPT,
+     r'storage 0 claims 1600000000 bytes up to byte \d+ of a file of \d+'),
     'memory: legacy storage claimed, never listed':
     (lambda: legacy(dumps({'w': rebuild_tensor(legacy_storage('0', 4), (4, )),
                            'leak': rebuild_tensor(legacy_storage('1', 4),
@@ -434,8 +434,8 @@ def _command(entry, ckpt, work, data_root):
 
 @pytest.fixture(scope='module')
 def tool_runs(repo_root, demo_data, tmp_path_factory):
-    """{(tool, attack): (exit status, output, files written)} for the
-    crafted files through every tool, a few processes at a time."""
+    """{(tool, attack): (exit status, output)} for the crafted files
+    through every tool, two processes at a time."""
     tmp = tmp_path_factory.mktemp('crafted')
     env = {k: v for k, v in os.environ.items() if k != UNSAFE_ENV}
 
@@ -447,14 +447,11 @@ def tool_runs(repo_root, demo_data, tmp_path_factory):
         with open(ckpt, 'wb') as f:
             f.write(ATTACKS[attack][0]())
         (work / 'last_checkpoint').write_text(ckpt)  # what --resume reads
-        before = set(os.listdir(work))
         proc = subprocess.run(
             [sys.executable] + _command(entry, ckpt, str(work), demo_data),
             cwd=repo_root, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, timeout=600)
-        written = {n for n in set(os.listdir(work)) - before
-                   if not re.fullmatch(r'\d{8}_\d{6}', n)}  # mmengine's logs
-        return key, (proc.returncode, proc.stdout, sorted(written))
+        return key, (proc.returncode, proc.stdout)
 
     keys = [(entry, attack) for entry in ENTRY_TOOLS
             for attack in TOOL_ATTACKS]
@@ -465,9 +462,8 @@ def tool_runs(repo_root, demo_data, tmp_path_factory):
 @pytest.mark.parametrize('attack', list(TOOL_ATTACKS))
 @pytest.mark.parametrize('entry', ENTRY_TOOLS)
 def test_tools_refuse_crafted_checkpoint(tool_runs, entry, attack):
-    returncode, out, written = tool_runs[entry, attack]
+    returncode, out = tool_runs[entry, attack]
     assert returncode == 1, out[-3000:]  # an error, not a crash
     assert 'refused to load checkpoint' in out and \
         TOOL_ATTACKS[attack] in out and f'{UNSAFE_ENV}=1' in out, out[-3000:]
     assert MARKER not in out
-    assert written == [], written

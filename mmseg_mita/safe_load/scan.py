@@ -12,8 +12,8 @@ it, or never checks:
   checkpoint of ours holds, plus :data:`.allowed.NAMED`);
 * every storage a persistent id claims has its bytes in the file: a zip
   record of exactly that size, or, in the legacy format, a listed entry of
-  the storage data (:func:`scan_legacy`; torch would allocate every claim
-  first, and leave a claim no entry lists uninitialised);
+  the storage data within the file (:func:`scan_legacy`; torch allocates
+  every claim first, and leaves a claim no entry lists uninitialised);
 * a quantized tensor fits its storage (torch allocates its size first).
 
 Tensor views of a storage are bounded by torch itself (``Tensor.set_``
@@ -327,15 +327,11 @@ class _LegacyClaims:
     follow the pickles, one entry per listed storage."""
 
     def __init__(self, file_size: int):
-        self.file_size, self.claims, self.total = file_size, {}, 0
+        self.file_size, self.claims = file_size, {}
 
     def __call__(self, pid: Any) -> Storage:
         dtype, key, nbytes = _storage_claim(pid, 6)
         if key not in self.claims:
-            self.total += nbytes
-            if self.total > self.file_size:
-                raise Refused(f'its tensors claim {self.total} bytes or more '
-                              f'of storage; the file has {self.file_size}')
             self.claims[key] = Storage(dtype, nbytes)
         view = pid[5]
         if view is None:
@@ -369,16 +365,16 @@ class _LegacyClaims:
         for key in keys:
             storage = self.claims[key]
             header = file.read(8)
-            if len(header) < 8:
-                raise Damaged(f'the data of storage {key} is cut off')
+            end += 8 + storage.nbytes
+            if len(header) < 8 or end > self.file_size:
+                raise Damaged(f'storage {key} claims {storage.nbytes} bytes '
+                              f'up to byte {end} of a file of '
+                              f'{self.file_size}')
             (numel, ) = struct.unpack('<q', header)
             if numel * torch._utils._element_size(storage.dtype) != \
                     storage.nbytes:
                 raise Refused(f'storage {key} holds {numel} elements; its '
                               f'tensors claim {storage.nbytes} bytes')
-            end += 8 + storage.nbytes
-            if end > self.file_size:
-                raise Damaged(f'the data of storage {key} is cut off')
             file.seek(end)
 
 
