@@ -141,6 +141,11 @@ def test_runner_checkpoint_loads_as_written(runner_checkpoint):
     assert HistoryBuffer._statistics_methods == table
 
 
+def test_demo_checkpoint_loads_as_written(trained):
+    """The demo config's own checkpoint (tools/train.py)."""
+    _loads_as_saved(osp.join(trained, 'iter_4.pth'))
+
+
 def test_runner_resumes_from_its_checkpoint(runner_checkpoint):
     """``--resume``: optimizer, schedulers and message hub restored by
     mmengine through the loader, and training goes on (its logger computes

@@ -6,13 +6,16 @@ committed and nothing of torch, numpy, mmengine or argparse changed. Each
 file is written as an attacker would (tests/crafted.py: raw opcodes, zip
 layouts byte by byte) and tried in a process of its own.
 (Legitimate files: tests/test_checkpoint_formats.py.)"""
+import functools
 import io
 import os
 import os.path as osp
+import pickle
 import re
 import subprocess
 import sys
 import tarfile
+import warnings
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Tuple
@@ -25,9 +28,9 @@ from mmengine.runner.checkpoint import CheckpointLoader
 import mmseg_mita.mmseg_plugin  # noqa: F401  (mmengine's loader)
 from crafted import (ENTRY_POINTS, MARKER, Build, Call, Global,
                      PersistentId, attempt, checkpoint_members,
-                     deflated_zeros, dumps, legacy, legacy_storage, local_entry,
-                     rebuild_tensor, stored, torch_zip, two_directory_zip,
-                     zip_archive, zip_storage)
+                     deflated_zeros, dumps, legacy, legacy_storage,
+                     local_entry, rebuild_tensor, stored, torch_zip,
+                     two_directory_zip, zip_archive, zip_storage)
 from helpers import DEMO_CONFIG, data_opts
 from mmseg_mita.safe_load import UNSAFE_ENV
 
@@ -62,12 +65,15 @@ class Payload(torch.nn.Module):
         return x
 
 
+@functools.lru_cache(maxsize=None)
 def _torchscript_members():
     buffer = io.BytesIO()
-    with pytest.warns(DeprecationWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)  # torch.jit
         torch.jit.save(torch.jit.script(Payload()), buffer)
     with zipfile.ZipFile(buffer) as archive:
-        return [stored(i.filename, archive.read(i)) for i in archive.infolist()]
+        return [stored(i.filename, archive.read(i))
+                for i in archive.infolist()]
 
 
 def _weights(extra=None, legacy_format=False):
@@ -173,6 +179,13 @@ ATTACKS = {
      r"holds the persistent id \('module'"),
     'tar: a FIFO and a symlink member': (_tar, REFUSED,
                                          r'oldest format \(a \.tar'),
+    'pickle: protocol 4':
+    (lambda: torch_zip(pickle.dumps({'w': 1}, protocol=4)), REFUSED,
+     r"its pickle has the opcode b'\\x95', which torch's weights-only "
+     'unpickler does not read'),
+    'pickle: lists nested 100000 deep':
+    (lambda: torch_zip(b'\x80\x02' + b']' * 100000 + b'a' * 99999 + b'.'),
+     REFUSED, 'its containers are nested too deeply'),
     # BUILD on what the file may name
     'BUILD: defaults of a tensor rebuild function':
     (lambda: _weights({'x': Build(Global('torch._utils',
@@ -304,25 +317,27 @@ ATTACKS = {
 }
 
 
+def _write(attack, path):
+    make = ATTACKS[attack][0]
+    if make.__code__.co_argcount:
+        make(str(path))
+    else:
+        path.write_bytes(make())
+    return str(path)
+
+
 @pytest.fixture(scope='module')
 def outcomes(tmp_path_factory):
     """{attack: Outcome} of every attack, two at a time."""
     root = tmp_path_factory.mktemp('attacks')
-
-    def run(item):
-        i, (name, (make, _, _)) = item
-        work = root / f'attack{i}'
+    works = [root / f'attack{i}' for i in range(len(ATTACKS))]
+    paths = []
+    for work, attack in zip(works, ATTACKS):
         work.mkdir()
-        path = str(work / 'crafted.pth')
-        if callable(make) and make.__code__.co_argcount:
-            make(path)
-        else:
-            with open(path, 'wb') as f:
-                f.write(make())
-        return name, attempt(path, str(work))
-
+        paths.append(_write(attack, work / 'crafted.pth'))
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(run, enumerate(ATTACKS.items())))
+        return dict(zip(ATTACKS, pool.map(
+            lambda args: attempt(args[0], str(args[1])), zip(paths, works))))
 
 
 @pytest.mark.parametrize('name', list(ATTACKS))
@@ -360,8 +375,7 @@ def test_two_directory_layouts_are_live(tmp_path):
     ]:
         work = tmp_path / str(len(os.listdir(tmp_path)))
         work.mkdir()
-        path = work / 'crafted.pth'
-        path.write_bytes(ATTACKS[name][0]())
+        path = _write(name, work / 'crafted.pth')
         with zipfile.ZipFile(path) as archive:
             seen_by_python = archive.namelist()
         with open(path, 'rb') as f:
@@ -374,7 +388,7 @@ def test_two_directory_layouts_are_live(tmp_path):
 
 def test_opt_in_loads_a_trusted_file(tmp_path, monkeypatch):
     path = str(tmp_path / 'trusted.pth')
-    with open(path, 'wb') as f:
+    with open(path, 'wb') as f:  # the marker's path absolute: cwd unchanged
         f.write(_weights({'x': Call(Global('__builtin__', 'open'),
                                     (str(tmp_path / 'marker'), 'w'))}))
     for value in (None, '0', 'yes'):  # only 1 opts in
@@ -439,24 +453,25 @@ def tool_runs(repo_root, demo_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('crafted')
     env = {k: v for k, v in os.environ.items() if k != UNSAFE_ENV}
 
-    def run(key):
-        entry, attack = key
-        work = tmp / f'{entry.replace(" ", "_")}-{len(os.listdir(tmp))}'
-        work.mkdir()
-        ckpt = str(work / 'crafted.pth')
-        with open(ckpt, 'wb') as f:
-            f.write(ATTACKS[attack][0]())
-        (work / 'last_checkpoint').write_text(ckpt)  # what --resume reads
+    def run(args):
+        (entry, _), work, ckpt = args
         proc = subprocess.run(
             [sys.executable] + _command(entry, ckpt, str(work), demo_data),
             cwd=repo_root, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, timeout=600)
-        return key, (proc.returncode, proc.stdout)
+        return proc.returncode, proc.stdout
 
     keys = [(entry, attack) for entry in ENTRY_TOOLS
             for attack in TOOL_ATTACKS]
+    runs = []
+    for i, (entry, attack) in enumerate(keys):
+        work = tmp / f'run{i}'
+        work.mkdir()
+        ckpt = _write(attack, work / 'crafted.pth')
+        (work / 'last_checkpoint').write_text(ckpt)  # what --resume reads
+        runs.append(((entry, attack), work, ckpt))
     with ThreadPoolExecutor(2) as pool:  # 2 cores
-        return dict(pool.map(run, keys))
+        return dict(zip(keys, pool.map(run, runs)))
 
 
 @pytest.mark.parametrize('attack', list(TOOL_ATTACKS))

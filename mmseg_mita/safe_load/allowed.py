@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import Refused
+from .errors import Refused, brief
 
 NUMPY_DTYPES = frozenset({
     'b1', 'i1', 'i2', 'i4', 'i8', 'u1', 'u2', 'u4', 'u8', 'f2', 'f4', 'f8',
@@ -66,8 +66,10 @@ def _import(qualified: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-class _Token:
-    """An inert stand-in for a name the file may only pass on."""
+class Name:
+    """A name, inert: what ``numpy.ndarray`` and ``OneCycleParamScheduler``
+    map to (the file may only pass them on); the dry run's globals
+    (:mod:`.scan`)."""
     __slots__ = ('name', )
 
     def __init__(self, name: str):
@@ -77,8 +79,8 @@ class _Token:
         return self.name
 
 
-NDARRAY = _Token('numpy.ndarray')
-ONE_CYCLE_CLASS = _Token(ONE_CYCLE)
+NDARRAY = Name('numpy.ndarray')
+ONE_CYCLE_CLASS = Name(ONE_CYCLE)
 
 
 class _Pending:
@@ -127,14 +129,14 @@ class _PendingArray(_Pending):
     def __setstate__(self, state: Any) -> None:
         if not (type(state) is tuple and len(state) == 5
                 and _same(state[0], 1)):
-            raise Refused(f'a numpy array gets the state {state!r:.200}: '
+            raise Refused(f'a numpy array gets the state {brief(state)}: '
                           'expected (1, shape, dtype, fortran, bytes)')
         _, shape, dtype, fortran, raw = state
         if not (type(shape) is tuple and len(shape) <= _NUMPY_MAX_DIMS
                 and all(type(n) is int and n >= 0 for n in shape)):
-            raise Refused(f'a numpy array has the shape {shape!r:.200}')
+            raise Refused(f'a numpy array has the shape {brief(shape)}')
         if type(dtype) is not _PendingDtype:
-            raise Refused(f'a numpy array has the dtype {dtype!r:.200}, not '
+            raise Refused(f'a numpy array has the dtype {brief(dtype)}, not '
                           'one built by numpy.dtype')
         dtype = dtype.built()
         count = 1
@@ -144,7 +146,7 @@ class _PendingArray(_Pending):
                 len(raw) != count * dtype.itemsize:
             raise Refused(f'a numpy array of shape {shape} and dtype {dtype} '
                           f'({count * dtype.itemsize} bytes) comes with '
-                          f'{len(raw) if type(raw) is bytes else raw!r:.80} '
+                          f'{brief(len(raw) if type(raw) is bytes else raw)} '
                           'bytes of data')
         array = np.ndarray(shape, dtype, buffer=bytearray(raw),
                            order='F' if fortran else 'C')
@@ -170,7 +172,7 @@ class _PendingHistoryBuffer(_Pending):
                 _BUFFER_FIELDS <= state.keys() <=
                 _BUFFER_FIELDS | {'statistics_methods'}):
             raise Refused(
-                f'a HistoryBuffer gets the state {state!r:.200}: expected '
+                f'a HistoryBuffer gets the state {brief(state)}: expected '
                 f'the keys {sorted(_BUFFER_FIELDS)} and statistics_methods')
         methods = state.get('statistics_methods', {})
         if type(methods) is not dict or any(
@@ -179,7 +181,7 @@ class _PendingHistoryBuffer(_Pending):
                     buffer_class, name) for name, method in methods.items()):
             raise Refused(
                 'a HistoryBuffer comes with the statistics methods '
-                f'{methods!r:.200}: only {", ".join(STATISTICS)}, each mapped '
+                f'{brief(methods)}: only {", ".join(STATISTICS)}, each mapped '
                 'to the HistoryBuffer method of its name, are admitted')
         length = state['max_length']
         arrays = [state[k] for k in ('_log_history', '_count_history')]
@@ -202,7 +204,7 @@ class _PendingHistoryBuffer(_Pending):
 def _numpy_dtype(spec: Any, align: Any, copy: Any) -> _PendingDtype:
     if not (type(spec) is str and spec in NUMPY_DTYPES
             and _same((align, copy), (False, True))):
-        raise Refused(f'it builds numpy.dtype{(spec, align, copy)!r:.200}: '
+        raise Refused(f'it builds numpy.dtype{brief((spec, align, copy))}: '
                       f'only {", ".join(sorted(NUMPY_DTYPES))} are admitted')
     dtype = _PendingDtype()
     dtype.spec = spec
@@ -212,24 +214,24 @@ def _numpy_dtype(spec: Any, align: Any, copy: Any) -> _PendingDtype:
 def _numpy_reconstruct(cls: Any, shape: Any, typecode: Any) -> _PendingArray:
     if cls is not NDARRAY or not _same((shape, typecode), ((0, ), b'b')):
         raise Refused('it calls numpy _reconstruct'
-                      f'{(cls, shape, typecode)!r:.200}: only '
+                      f'{brief((cls, shape, typecode))}: only '
                       "(numpy.ndarray, (0,), b'b') is admitted")
     return _PendingArray()
 
 
 def _numpy_scalar(dtype: Any, data: Any) -> Any:
     if type(dtype) is not _PendingDtype:
-        raise Refused(f'it calls numpy scalar with the dtype {dtype!r:.200}')
+        raise Refused(f'it calls numpy scalar with the dtype {brief(dtype)}')
     dtype = dtype.built()
     if type(data) is not bytes or len(data) != dtype.itemsize:
-        raise Refused(f'it builds a numpy {dtype} scalar from {data!r:.80}')
+        raise Refused(f'it builds a numpy {dtype} scalar from {brief(data)}')
     return np.frombuffer(data, dtype)[0]
 
 
 def _empty_bytes(*args: Any) -> bytes:
     """``bytes()``, as protocol 2 pickles ``b''`` (an empty array's data)."""
     if args:
-        raise Refused(f'it calls builtins.bytes{args!r:.100} (only bytes() '
+        raise Refused(f'it calls builtins.bytes{brief(args)} (only bytes() '
                       'is admitted)')
     return b''
 
@@ -243,8 +245,8 @@ def _getattr(owner: Any, name: Any) -> _Attribute:
         qualified = ONE_CYCLE
     else:
         what = 'HistoryBuffer' if owner is _PendingHistoryBuffer else owner
-        raise Refused(f'it calls builtins.getattr({what!r:.100}, '
-                      f'{name!r:.100})')
+        raise Refused(f'it calls builtins.getattr({brief(what)}, '
+                      f'{brief(name)})')
     attribute = _Attribute()
     attribute._set(getattr(_import(qualified), name))
     return attribute
@@ -304,7 +306,7 @@ def resolve(obj: Any) -> Any:
         if isinstance(x, _Pending):
             done[id(x)] = x.built()
             return done[id(x)]
-        if isinstance(x, _Token):
+        if isinstance(x, Name):
             raise Refused(f'it places {x} where checkpoints never hold it')
         if type(x) not in _WALKED:
             return x

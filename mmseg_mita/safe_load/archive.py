@@ -17,7 +17,7 @@ from typing import BinaryIO, List
 
 import torch
 
-from .errors import Damaged, Refused
+from .errors import Damaged, Refused, brief
 
 # members may decompress to at most this many times the file's size (and
 # 64 MiB): deflate reaches about 1000, weights about 1.1
@@ -87,7 +87,7 @@ def torch_reader(file: BinaryIO, infos: List[zipfile.ZipInfo]):
             sorted(records) != sorted(python):
         raise Refused(
             "torch's zip reader and Python's zipfile see different members "
-            f'({sorted(records)!r:.200} and {names!r:.200}): data before the '
+            f'({brief(sorted(records))} and {brief(names)}): data before the '
             'archive, a second directory or a member listed twice')
     for name in records:
         info = python[name]

@@ -1,5 +1,6 @@
 """The two ways a checkpoint file is turned down, and their messages."""
 import os
+import reprlib
 
 UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'
 
@@ -22,6 +23,16 @@ class UnsafeCheckpointError(ValueError):
 
 class CorruptCheckpointError(ValueError):
     """A file is damaged, truncated or no checkpoint at all."""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 60, 60
+
+
+def brief(value) -> str:
+    """``repr(value)``, short whatever the value (depth, size) of a file's
+    content."""
+    return _BRIEF.repr(value)
 
 
 def unsafe_load_allowed() -> bool:

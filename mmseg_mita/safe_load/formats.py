@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .archive import is_zip
-from .errors import Damaged, Refused
+from .errors import Damaged, Refused, brief
 
 SAFETENSORS_DTYPES = {
     'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16,
@@ -106,8 +106,8 @@ def read_safetensors(file: BinaryIO, size: int) -> Dict[str, torch.Tensor]:
                 and 0 <= offsets[0] <= offsets[1] <= data_size
                 and offsets[1] - offsets[0] == _count(shape) *
                 dtype.itemsize):
-            raise Damaged(f'tensor {name!r} of shape {shape!r:.100} does not '
-                          f'fill its data_offsets {offsets!r:.100} (of '
+            raise Damaged(f'tensor {name!r} of shape {brief(shape)} does not '
+                          f'fill its data_offsets {brief(offsets)} (of '
                           f'{data_size} bytes of data)')
         layout[name] = dtype, shape, offsets
     file.seek(start)

@@ -83,7 +83,7 @@ def load_torch_file(file: BinaryIO, kind: str,
             scan_legacy(file, os.fstat(file.fileno()).st_size)
     except (Refused, Damaged):
         raise
-    except Exception as e:  # a malformed pickle: unpickling errors of all kinds
+    except Exception as e:  # a malformed pickle: errors of all kinds
         raise Damaged(f'{type(e).__name__}: {e}') from e
     file.seek(0)
     try:

@@ -29,8 +29,8 @@ import torch
 from torch._utils import IMPORT_MAPPING, NAME_MAPPING
 from torch._weights_only_unpickler import _get_allowed_globals
 
-from .allowed import NAMED
-from .errors import Damaged, Refused
+from .allowed import NAMED, Name
+from .errors import Damaged, Refused, brief
 
 _TORCH_CALLABLES = frozenset({
     'torch._utils._rebuild_tensor', 'torch._utils._rebuild_tensor_v2',
@@ -52,16 +52,6 @@ ALLOWED = frozenset(
     if isinstance(value, (torch.dtype, torch.qscheme))) | frozenset(
         STORAGE_DTYPES) | _TORCH_CALLABLES | {UNTYPED_STORAGE} | frozenset(
             NAMED)
-
-
-class _Global:
-    __slots__ = ('name', )
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
 
 
 class _Result:
@@ -89,7 +79,7 @@ def global_name(module: str, name: str) -> str:
 def _numel(size: Any, what: str) -> int:
     if type(size) not in (tuple, list) or \
             any(type(n) is not int or n < 0 for n in size):
-        raise Refused(f'{what} has the size {size!r:.200}')
+        raise Refused(f'{what} has the size {brief(size)}')
     count = 1
     for n in size:
         count *= n
@@ -158,10 +148,10 @@ _FIXED = {  # opcode -> (bytes, struct format) of its argument
 
 
 def _call(fn: Any, args: Any, new: bool) -> Any:
-    if type(fn) is not _Global:
+    if type(fn) is not Name:
         raise Refused('it calls an object that is not an admitted global')
     if type(args) not in (tuple, list):
-        raise Refused(f'it calls {fn.name} with {args!r:.100}')
+        raise Refused(f'it calls {fn.name} with {brief(args)}')
     rule = (_NEW if new else _CALLS).get(fn.name)
     return _Result() if rule is None else rule(*args)
 
@@ -191,7 +181,7 @@ class PickleScan:
                 if name not in ALLOWED:
                     raise Refused(f'unpickling it calls {name}, which is not '
                                   'admitted')
-                stack.append(_Global(name))
+                stack.append(Name(name))
             elif op in (op_['REDUCE'], op_['NEWOBJ']):
                 args = stack.pop()
                 fn = stack.pop()
@@ -247,10 +237,9 @@ class PickleScan:
                 read(1)
             elif op == op_['STOP']:
                 return stack.pop()
-            else:
-                raise pickle.UnpicklingError(
-                    f'opcode {key!r}, which torch\'s weights-only unpickler '
-                    'does not read')
+            else:  # pickle protocols above 2 (torch.save writes 2)
+                raise Refused(f'its pickle has the opcode {key!r}, which '
+                              "torch's weights-only unpickler does not read")
 
     @staticmethod
     def _list(target: Any) -> list:
@@ -275,16 +264,16 @@ def _storage_claim(pid: Any, length: int) -> Tuple[torch.dtype, str, int]:
     location, numel, ...)`` of ``length`` items."""
     if not (type(pid) is tuple and len(pid) == length
             and _decoded(pid[0]) == 'storage'):
-        raise Refused(f'it holds the persistent id {pid!r:.200}, not a '
+        raise Refused(f'it holds the persistent id {brief(pid)}, not a '
                       'storage')
     kind, key, location, numel = pid[1:5]
     dtype = (torch.uint8 if length == 5 and kind.name == UNTYPED_STORAGE
              else STORAGE_DTYPES.get(kind.name)) \
-        if type(kind) is _Global else None
+        if type(kind) is Name else None
     if dtype is None or type(key) is not str or \
             type(_decoded(location)) is not str or \
             type(numel) is not int or numel < 0:
-        raise Refused(f'it holds the storage {pid!r:.200}')
+        raise Refused(f'it holds the storage {brief(pid)}')
     return dtype, key, numel * torch._utils._element_size(dtype)
 
 
@@ -309,7 +298,7 @@ class _ZipClaims:
 
 
 def _no_persistent_id(pid: Any) -> Storage:
-    raise Refused(f'it holds the persistent id {pid!r:.200} outside its '
+    raise Refused(f'it holds the persistent id {brief(pid)} outside its '
                   'tensors')
 
 
@@ -341,7 +330,7 @@ class _LegacyClaims:
                 and type(view[0]) is str
                 and all(type(n) is int and n >= 0 for n in view[1:])
                 and (view[1] + view[2]) * size <= self.claims[key].nbytes):
-            raise Refused(f'it holds the storage view {view!r:.200} of a '
+            raise Refused(f'it holds the storage view {brief(view)} of a '
                           f'storage of {self.claims[key].nbytes} bytes')
         return Storage(dtype, view[2] * size)
 
@@ -351,15 +340,15 @@ class _LegacyClaims:
         if type(keys) is not list or \
                 any(type(k) is not str for k in keys) or \
                 len(set(keys)) != len(keys):
-            raise Refused(f'its list of storages is {keys!r:.200}')
+            raise Refused(f'its list of storages is {brief(keys)}')
         unlisted = sorted(self.claims.keys() - set(keys))
         if unlisted:
-            raise Refused(f'its tensors claim the storages {unlisted!r:.200}'
+            raise Refused(f'its tensors claim the storages {brief(unlisted)}'
                           ' whose data it lacks (they would load as '
                           'uninitialised memory)')
         unclaimed = sorted(set(keys) - self.claims.keys())
         if unclaimed:
-            raise Refused(f'it lists the storages {unclaimed!r:.200}, which '
+            raise Refused(f'it lists the storages {brief(unclaimed)}, which '
                           'no tensor claims')
         end = file.tell()
         for key in keys:

@@ -218,8 +218,9 @@ def test_foreign_file_is_refused(tmp_path):
     path.write_text('not a checkpoint')
     with pytest.raises(ValueError, match="starts with neither a zip archive, "
                        "a safetensors header nor torch's legacy magic number "
-                       r'and protocol.*or is no checkpoint: PyTorch files \(\.pth/\.pt/'
-                       r'\.bin\), safetensors and NumPy \.npz are read'):
+                       r'and protocol.*or is no checkpoint: PyTorch files '
+                       r'\(\.pth/\.pt/\.bin\), safetensors and NumPy \.npz '
+                       'are read'):
         read_checkpoint(str(path))
 
 
