@@ -300,7 +300,12 @@ ATTACKS = {
     'memory: bytearray(n)':
     (lambda: _weights({'x': Call(Global('__builtin__', 'bytearray'),
                                  (10**10, ))}), REFUSED,
-     r'it allocates bytearray\(10000000000\)'),
+     r'it calls bytearray\(10000000000,\) \(admitted: bytearray\(bytes\)'),
+    'time: punycode of 100000 characters (quadratic)':
+    (lambda: _weights({'x': Call(Global('_codecs', 'encode'),
+                                 ('\u00fc' * 100000, 'punycode'))}), REFUSED,
+     r"it calls _codecs\.encode\('.*', 'punycode'\) \(admitted: "
+     r"_codecs\.encode\(text, 'latin1'\)\)"),
     'memory: quantized tensor larger than its storage':
     (lambda: torch_zip(dumps({'w': Call(
         Global('torch._utils', '_rebuild_qtensor'),

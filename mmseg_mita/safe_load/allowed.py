@@ -115,9 +115,10 @@ class _PendingDtype(_Pending):
                 and state[1] in orders and _same(
                     state, (3, state[1], None, None, None, -1, -1, 0))):
             raise Refused(f'numpy.dtype({self.spec!r}) gets the state '
-                          f'{state!r}: only a plain numeric dtype (version '
-                          f'3, byte order {" or ".join(orders)}, no fields, '
-                          'sub-array, size, alignment or flags) is admitted')
+                          f'{brief(state)}: only a plain numeric dtype '
+                          f'(version 3, byte order {" or ".join(orders)}, no '
+                          'fields, sub-array, size, alignment or flags) is '
+                          'admitted')
         self._set(np.dtype(self.spec if itemsize == 1 else state[1] +
                            self.spec))
 
@@ -252,14 +253,13 @@ def _getattr(owner: Any, name: Any) -> _Attribute:
     return attribute
 
 
-_RECONSTRUCT, _SCALAR = '_reconstruct', 'scalar'
 # name in the file -> what torch's unpickler gets for it
 NAMED = {
     **{
         f'{module}.multiarray.{name}': builder
         for module in ('numpy.core', 'numpy._core')  # numpy 1, numpy 2
-        for name, builder in ((_RECONSTRUCT, _numpy_reconstruct),
-                              (_SCALAR, _numpy_scalar))
+        for name, builder in (('_reconstruct', _numpy_reconstruct),
+                              ('scalar', _numpy_scalar))
     },
     'numpy.ndarray': NDARRAY,
     'numpy.dtype': _numpy_dtype,

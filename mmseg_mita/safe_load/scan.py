@@ -8,8 +8,10 @@ it, or never checks:
 
 * every global is in :data:`ALLOWED` (torch's defaults minus the
   constructors that allocate memory from a number in the file, legacy tensor
-  and storage classes and ``bytearray(n)``, and minus the tensor kinds no
-  checkpoint of ours holds, plus :data:`.allowed.NAMED`);
+  and storage classes, and minus the tensor kinds no checkpoint of ours
+  holds, plus :data:`.allowed.NAMED`); bytes and bytearrays are built as
+  protocol 2 pickles them, from latin-1 text (``bytearray(n)`` allocates,
+  other codecs take time quadratic in their input);
 * every storage a persistent id claims has its bytes in the file: a zip
   record of exactly that size, or, in the legacy format, a listed entry of
   the storage data within the file (:func:`scan_legacy`; torch allocates
@@ -101,10 +103,24 @@ def _size(items=(), *_):
     return tuple(items) if type(items) in (tuple, list) else _Result()
 
 
-def _bytearray(source=None, *_):
-    if type(source) is int:
-        raise Refused(f'it allocates bytearray({source}) (a bytearray is '
-                      'admitted from its bytes only)')
+def _encode(*args) -> bytes:
+    """``_codecs.encode(text, 'latin1')``: bytes as protocol 2 pickles
+    them (other codecs can take time quadratic in their input)."""
+    if not (len(args) == 2 and type(args[0]) is str and args[1] == 'latin1'):
+        raise Refused(f'it calls _codecs.encode{brief(args)} (admitted: '
+                      "_codecs.encode(text, 'latin1'))")
+    return args[0].encode('latin1')
+
+
+def _bytearray(*args) -> _Result:
+    """``bytearray()``, of bytes, or of latin-1 text (``bytearray(n)``
+    allocates ``n`` bytes)."""
+    of_bytes = len(args) == 1 and type(args[0]) is bytes
+    of_text = len(args) == 2 and type(args[0]) is str and \
+        args[1] == 'latin-1'
+    if args and not (of_bytes or of_text):
+        raise Refused(f'it calls bytearray{brief(args)} (admitted: '
+                      "bytearray(bytes) and bytearray(text, 'latin-1'))")
     return _Result()
 
 
@@ -117,6 +133,7 @@ _CALLS: Dict[str, Callable] = {
     'torch._utils._rebuild_qtensor': _rebuild_qtensor,
     'torch.Size': _size,
     'builtins.bytearray': _bytearray,
+    '_codecs.encode': _encode,
     UNTYPED_STORAGE: _storage_from_size,
 }
 _NEW: Dict[str, Callable] = {
