@@ -183,44 +183,44 @@ def zip_archive(members: List[Member]) -> bytes:
     return data + directory + _end(len(members), len(directory), len(data))
 
 
+def _directory(members: List[Member], first: int, pad: int = 0) -> bytes:
+    """Central directory entries of ``members`` laid out from offset
+    ``first``; ``pad`` bytes of comment on the last one."""
+    entries, at = [], first
+    for i, member in enumerate(members):
+        comment = b'c' * pad if i == len(members) - 1 else b''
+        entries.append(_central(member, at, comment))
+        at += len(local_entry(member))
+    return b''.join(entries)
+
+
 def two_directory_zip(for_torch: List[Member],
                       for_python: List[Member]) -> bytes:
     """One file, two archives: torch's reader (which follows the directory
     offset the end record states) sees ``for_torch``; Python's ``zipfile``
     (which finds the directory just before the end record and shifts every
-    offset by the difference) sees ``for_python``. Both directories are
-    padded to one size and count (file comments, empty members)."""
+    offset by its distance from the stated one) sees ``for_python``. Both
+    directories get one size and count (a file comment, empty members).
+
+    Layout: torch's members, a gap, torch's directory (where the end record
+    points), Python's members, Python's directory, the end record."""
     for_torch, for_python = list(for_torch), list(for_python)
     while len(for_torch) != len(for_python):
         short = min(for_torch, for_python, key=len)
         short.append(stored(f'{short[0].name.split("/")[0]}/pad'
                             f'{len(short)}', b''))
     torch_data = b''.join(map(local_entry, for_torch))
-    torch_dir = [_central(m, sum(len(local_entry(k)) for k in for_torch[:i]))
-                 for i, m in enumerate(for_torch)]
-    python_start = len(torch_data) + sum(map(len, torch_dir)) + 1024
-    python_dir_size = sum(len(_central(m, 0)) for m in for_python)
     python_data = b''.join(map(local_entry, for_python))
-    # Python: directory at end - size; offset shift = that - stated offset
-    shift = python_start + len(python_data) - len(torch_data)
-    python_dir, at = [], python_start
-    for member in for_python:
-        python_dir.append(_central(member, at - shift))
-        at += len(local_entry(member))
-    pad = sum(map(len, torch_dir)) - python_dir_size
-    torch_pad = max(-pad, 0)
-    if pad > 0:  # pad the shorter directory with a comment on its last entry
-        python_dir[-1] = _central(for_python[-1], at - shift - len(
-            local_entry(for_python[-1])), b'c' * pad)
-    elif torch_pad:
-        torch_dir[-1] = _central(
-            for_torch[-1], len(torch_data) - len(local_entry(for_torch[-1])),
-            b'c' * torch_pad)
-    torch_dir, python_dir = b''.join(torch_dir), b''.join(python_dir)
-    assert len(torch_dir) == len(python_dir)
-    gap = python_start - len(torch_data) - len(torch_dir)
-    return (torch_data + torch_dir + bytes(gap) + python_data + python_dir +
-            _end(len(for_python), len(python_dir), len(torch_data)))
+    sizes = [len(_directory(m, 0)) for m in (for_torch, for_python)]
+    size = max(sizes)
+    stated = len(torch_data) + len(python_data)  # the gap keeps offsets >= 0
+    torch_dir = _directory(for_torch, 0, size - sizes[0])
+    # zipfile's shift: Python's directory lies size + len(python_data)
+    # after the stated offset
+    python_dir = _directory(for_python, stated - len(python_data),
+                            size - sizes[1])
+    return (torch_data + bytes(len(python_data)) + torch_dir + python_data +
+            python_dir + _end(len(for_python), size, stated))
 
 
 def checkpoint_members(data_pkl: bytes, storages: Dict[str, bytes],
