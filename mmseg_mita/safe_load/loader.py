@@ -84,7 +84,7 @@ def load_torch_file(file: BinaryIO, kind: str,
     except (Refused, Damaged):
         raise
     except Exception as e:  # a malformed pickle: errors of all kinds
-        raise Damaged(f'{type(e).__name__}: {e}') from e
+        raise Damaged(f'{type(e).__name__}: {str(e)[:300]}') from e
     file.seek(0)
     try:
         with admitted():
