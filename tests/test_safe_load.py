@@ -229,6 +229,11 @@ ATTACKS = {
                            F8_STATE), False, bytes(8)))}), REFUSED,
      r'array of shape \(1000,\) and dtype float64 \(8000 bytes\) comes '
      'with 8 bytes'),
+    'numpy: an empty array with a dimension beyond numpy\'s limit':
+    (lambda: _weights({'x': _numpy_array([1.0])._replace(state=(
+        1, (0, 10**19), Build(Call(NUMPY_DTYPE, ('f8', False, True)),
+                              F8_STATE), False, b''))}), REFUSED,
+     r'array of shape \(0, 10000000000000000000\) cannot be built'),
     # HistoryBuffer's shared table of statistics methods
     "HistoryBuffer: 'mean' -> max":
     (lambda: _weights(_history_buffer(statistics_methods=_methods(

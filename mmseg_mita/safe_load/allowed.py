@@ -149,8 +149,12 @@ class _PendingArray(_Pending):
                           f'({count * dtype.itemsize} bytes) comes with '
                           f'{brief(len(raw) if type(raw) is bytes else raw)} '
                           'bytes of data')
-        array = np.ndarray(shape, dtype, buffer=bytearray(raw),
-                           order='F' if fortran else 'C')
+        try:
+            array = np.ndarray(shape, dtype, buffer=bytearray(raw),
+                               order='F' if fortran else 'C')
+        except ValueError as e:  # e.g. a dimension beyond numpy's limit
+            raise Refused(f'a numpy array of shape {brief(shape)} cannot be '
+                          f'built: {e}') from None
         # numpy swaps data of the other byte order to native on unpickling
         self._set(array if dtype.isnative else array.astype(
             dtype.newbyteorder('=')))
