@@ -87,6 +87,11 @@ def _weights(extra=None, legacy_format=False):
                      {'0': bytes(16)})
 
 
+def _calling(module, name, *args):
+    """A checkpoint calling ``module.name(*args)``."""
+    return lambda: _weights({'x': Call(Global(module, name), args)})
+
+
 def _numpy_array(values, spec='f8', state=F8_STATE):
     data = np.asarray(values, dtype=spec).tobytes()
     dtype = Build(Call(NUMPY_DTYPE, (spec, False, True)), state)
@@ -131,8 +136,7 @@ def _tar(path):
 ATTACKS = {
     # code run by unpickling
     'code: open (zip)':
-    (lambda: _weights({'x': Call(Global('__builtin__', 'open'),
-                                 ('marker', 'w'))}), REFUSED,
+    (_calling('__builtin__', 'open', 'marker', 'w'), REFUSED,
      r'unpickling it calls builtins\.open, which is not admitted'),
     'code: open (legacy format)':
     (lambda: _weights({'x': Call(Global('__builtin__', 'open'),
@@ -295,20 +299,16 @@ ATTACKS = {
             'init_cfg': r'it is a NumPy \.npz'
         }),
     'memory: torch.FloatTensor(n)':
-    (lambda: _weights({'x': Call(Global('torch', 'FloatTensor'),
-                                 (10**10, ))}), REFUSED,
+    (_calling('torch', 'FloatTensor', 10**10), REFUSED,
      r'unpickling it calls torch\.FloatTensor, which is not admitted'),
     'memory: UntypedStorage(n)':
-    (lambda: _weights({'x': Call(Global('torch.storage', 'UntypedStorage'),
-                                 (10**10, ))}), REFUSED,
+    (_calling('torch.storage', 'UntypedStorage', 10**10), REFUSED,
      r'it calls torch\.storage\.UntypedStorage'),
     'memory: bytearray(n)':
-    (lambda: _weights({'x': Call(Global('__builtin__', 'bytearray'),
-                                 (10**10, ))}), REFUSED,
+    (_calling('__builtin__', 'bytearray', 10**10), REFUSED,
      r'it calls bytearray\(10000000000,\) \(admitted: bytearray\(bytes\)'),
     'time: punycode of 100000 characters (quadratic)':
-    (lambda: _weights({'x': Call(Global('_codecs', 'encode'),
-                                 ('\u00fc' * 100000, 'punycode'))}), REFUSED,
+    (_calling('_codecs', 'encode', '\u00fc' * 100000, 'punycode'), REFUSED,
      r"it calls _codecs\.encode\('.*', 'punycode'\) \(admitted: "
      r"_codecs\.encode\(text, 'latin1'\)\)"),
     'memory: quantized tensor larger than its storage':
