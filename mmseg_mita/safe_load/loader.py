@@ -65,8 +65,9 @@ def load_torch_file(file: BinaryIO, kind: str,
     """``torch.load`` of a PyTorch file (``kind``: ``'zip'``, with ``infos``
     from :func:`.archive.python_view`, ``'legacy'`` or ``'tar'``) on torch's
     weights-only unpickler, with :mod:`.allowed` admitted for the duration,
-    after :mod:`.archive` and :mod:`.scan` checked the file; with
-    ``MMSEG_MITA_UNSAFE_LOAD=1``, full unpickling."""
+    after :mod:`.archive` and :mod:`.scan` checked the file (read from the
+    one open ``file``, never mapped: torch's ``mmap`` would read it after
+    the checks); with ``MMSEG_MITA_UNSAFE_LOAD=1``, full unpickling."""
     if unsafe_load_allowed():
         warnings.warn(f'{UNSAFE_ENV}=1: loading {file.name} with full '
                       'unpickling (it can run any code)')
