@@ -38,10 +38,12 @@ EXPORT = 'mmseg_mita/deploy/onnx_export.py'
 EXPORT_TEST = 'tests/deploy/test_export_onnx.py::'
 LOW = 'tests/ops/low_precision.py'
 LOW_TEST = ['tests/ops/test_low_precision.py']
-SAFE_LOAD = 'mmseg_mita/safe_load.py'
-REFUSAL_TEST = [
-    'tests/test_safe_load.py::'
-    'test_crafted_checkpoint_is_refused_by_every_in_process_loader'
+SAFE_LOAD = 'mmseg_mita/safe_load/'
+ALLOWED, ARCHIVE, ERRORS, LOADER, SCAN = (
+    SAFE_LOAD + name + '.py'
+    for name in ('allowed', 'archive', 'errors', 'loader', 'scan'))
+ATTACK_TEST = [
+    'tests/test_safe_load.py::test_crafted_file_is_refused_everywhere'
 ]
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
@@ -104,42 +106,75 @@ MUTATIONS = [
     ('dropout without its 1 / (1 - p) rescale (torch backend)',
      'mmseg_mita/ops/torch_backend.py', 'used = used * mask / (1 - dropout_p)',
      'used = used * mask', CHECK_TEST),
-    ('bit-flipped checkpoint not reported (converter loader)',
-     'mmseg_mita/converters/loading.py', '    damage = zip_damage(path)\n',
-     '    damage = None\n', ['tests/converters/test_convert_vit.py']),
-    ("bit-flipped checkpoint not reported (mmengine's loader)",
-     'mmseg_mita/compat.py', '    damage = zip_damage(filename)\n',
-     '    damage = None\n', ['tests/test_bad_input.py']),
-    ('getattr admitted for any object (checkpoint allow-list)', SAFE_LOAD,
-     'if (obj is buffer or type(obj) is buffer) and',
-     'if True or', REFUSAL_TEST),
-    ('allow-list check skipped', SAFE_LOAD,
-     "if name not in ALLOWED_GLOBALS.get(module, ()):", 'if False:',
-     REFUSAL_TEST),
-    ('unsafe-load opt-in on by default', SAFE_LOAD,
-     'return os.environ.get(UNSAFE_ENV) == ',
-     "return os.environ.get(UNSAFE_ENV, '1') == ", REFUSAL_TEST),
-    ("mmengine's loader back to full unpickling", 'mmseg_mita/compat.py',
-     'return torch_load(filename, map_location=map_location)',
-     'return torch.load(filename, map_location=map_location, '
-     'weights_only=False)', REFUSAL_TEST),
-    ('importing the loader module adds a torch safe global', SAFE_LOAD,
-     "UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'",
-     "UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'; "
-     'torch.serialization.add_safe_globals([getattr])',
-     ['tests/test_package_imports.py::'
-      'test_operator_import_leaves_the_stack_untouched']),
+    ('bit-flipped checkpoint not reported', ARCHIVE,
+     '    if bad is not None:', '    if False:',
+     ['tests/test_bad_input.py::test_corrupt_checkpoint',
+      'tests/converters/test_convert_vit.py::'
+      'test_bit_flipped_file_is_refused']),
     ('damaged deflate stream of an .npz not caught (raw zlib.error)',
-     'mmseg_mita/converters/loading.py',
-     'except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:',
-     'except (zipfile.BadZipFile, EOFError, OSError) as e:',
+     ARCHIVE, 'except (zipfile.BadZipFile, zlib.error, EOFError, OSError,',
+     'except (zipfile.BadZipFile, EOFError, OSError,',
      ['tests/converters/test_convert_vit.py::'
       'test_npz_with_damaged_deflate_stream_is_refused']),
     ('zip whose directory offsets point outside the file not caught',
-     'mmseg_mita/converters/loading.py',
-     'except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:',
-     'except (zipfile.BadZipFile, zlib.error, EOFError) as e:',
+     ARCHIVE, 'except (zipfile.BadZipFile, zlib.error, EOFError, OSError,',
+     'except (zipfile.BadZipFile, zlib.error, EOFError,',
      ['tests/test_bad_input.py::test_corrupt_checkpoint']),
+    ("checkpoint loader: torch's and Python's zip readers not compared",
+     ARCHIVE, '        if by_torch != by_python:', '        if False:',
+     ATTACK_TEST),
+    ('checkpoint loader: TorchScript archive not refused', ARCHIVE,
+     "    if 'constants.pkl' in records:", '    if False:', ATTACK_TEST),
+    ('checkpoint loader: no bound on decompression', ARCHIVE,
+     '            if total > max(MAX_INFLATION * size, MIN_INFLATION_BOUND):',
+     '            if False:', ATTACK_TEST),
+    ('checkpoint loader: global names not checked before torch', SCAN,
+     '                if name not in ALLOWED:', '                if False:',
+     ATTACK_TEST),
+    ('checkpoint loader: zip storage claims not checked', SCAN,
+     '            if size != nbytes:', '            if False:', ATTACK_TEST),
+    ('checkpoint loader: legacy storages read past the end of the file',
+     SCAN, '            if len(header) < 8 or end > self.file_size:',
+     '            if len(header) < 8:', ATTACK_TEST),
+    ('checkpoint loader: claimed but unlisted legacy storage admitted',
+     SCAN, '        if unlisted:', '        if False:', ATTACK_TEST),
+    ('checkpoint loader: any codec and bytearray(n) admitted', SCAN,
+     "    '_codecs.encode': _encode,", "    # '_codecs.encode': _encode,",
+     ATTACK_TEST),
+    ('checkpoint loader: quantized tensor larger than its storage', SCAN,
+     '    if nbytes > storage.nbytes:', '    if False:', ATTACK_TEST),
+    ('checkpoint loader: numpy dtype state not checked', ALLOWED,
+     '        if not (type(state) is tuple and len(state) == 8',
+     '        if False and not (type(state) is tuple and len(state) == 8',
+     ATTACK_TEST),
+    ('checkpoint loader: numpy dtype kind not checked', ALLOWED,
+     '    if not (type(spec) is str and spec in NUMPY_DTYPES',
+     '    if not (type(spec) is str', ATTACK_TEST),
+    ('checkpoint loader: statistics methods of a HistoryBuffer not checked',
+     ALLOWED, '        if type(methods) is not dict or any(',
+     '        if type(methods) is not dict or False and any(', ATTACK_TEST),
+    ('checkpoint loader: getattr admitted for any HistoryBuffer attribute',
+     ALLOWED,
+     '    if owner is _PendingHistoryBuffer and name in STATISTICS:',
+     '    if owner is _PendingHistoryBuffer:', ATTACK_TEST),
+    ('checkpoint loader: pending objects not resolved', LOADER,
+     '    return resolve(loaded)', '    return loaded',
+     ['tests/test_checkpoint_formats.py']),
+    ('unsafe-load opt-in on by default', ERRORS,
+     'return os.environ.get(UNSAFE_ENV) == ',
+     "return os.environ.get(UNSAFE_ENV, '1') == ",
+     ['tests/test_safe_load.py::test_opt_in_loads_a_trusted_file']),
+    ("mmengine's loader back to full unpickling", 'mmseg_mita/compat.py',
+     'return load_checkpoint(osp.expanduser(filename), map_location, '
+     'npz=False)',
+     'return torch.load(filename, map_location=map_location, '
+     'weights_only=False)', ATTACK_TEST),
+    ("importing the loader adds torch safe globals", ALLOWED,
+     '_LOCK = threading.Lock()',
+     '_LOCK = threading.Lock(); torch.serialization.add_safe_globals('
+     'ENTRIES)',
+     ['tests/test_package_imports.py::'
+      'test_operator_import_leaves_the_stack_untouched']),
     ('FLOPs closed form without the routing matmul',
      'mmseg_mita/analysis/flop_handles.py', 'mita_routing=m * n * c,',
      'mita_routing=0,', ['tests/analysis/test_flops.py']),

@@ -141,36 +141,3 @@ def scheduled_end(cfg, scheduler):
     its ``end``, or, without one, the train loop's ``max_iters`` (what
     mmengine's Runner sets by default)."""
     return scheduler.get('end', cfg.train_cfg.max_iters)
-
-
-class _Call:
-    """Pickles as the call ``fn(*args)``: unpickling it makes the call."""
-
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def __call__(self, *args):
-        raise AssertionError('only pickled')
-
-    def __reduce__(self):
-        return self.fn, self.args
-
-
-def crafted_checkpoint(path, marker, legacy=False, via_getattr=False):
-    """A checkpoint file at ``path`` (torch's zip format, or the legacy
-    one) whose unpickling creates the file ``marker``: by calling ``open``
-    directly, or (``via_getattr``) reaching it from the allowed
-    ``HistoryBuffer`` class through ``getattr`` alone."""
-    import torch
-    from mmengine.logging.history_buffer import HistoryBuffer
-    if via_getattr:  # HistoryBuffer.update.__globals__['__builtins__']
-        globs = _Call(getattr, _Call(getattr, HistoryBuffer, 'update'),
-                      '__globals__')
-        builtins = _Call(_Call(getattr, globs, 'get'), '__builtins__')
-        opener = _Call(_Call(getattr, builtins, 'get'), 'open')
-    else:
-        opener = open
-    torch.save({'meta': {}, 'state_dict': {'w': torch.zeros(2)},
-                'payload': _Call(opener, str(marker), 'w')}, str(path),
-               _use_new_zipfile_serialization=not legacy)
-    return str(path)
