@@ -1,4 +1,5 @@
-"""Timing and peak-memory measurement shared by the benchmark tools.
+"""Timing and peak-memory measurement shared by the subcommands of
+``python -m mmseg_mita.bench``.
 
 Peak memory on CPU: PyTorch keeps no allocator statistics for CPU tensors,
 and ``tracemalloc``/RSS do not see them reliably (RSS also counts pages the
@@ -12,15 +13,14 @@ counted. On CUDA it uses ``torch.cuda.max_memory_allocated``.
 """
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
-
 
 
 def synchronize(device: torch.device) -> None:
@@ -105,20 +105,12 @@ def load_average() -> List[float]:
         os, 'getloadavg') else []
 
 
-def machine_info(device: torch.device) -> Dict[str, object]:
-    """What the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as f:
-            cpu = next(line.split(':', 1)[1].strip() for line in f
-                       if line.startswith('model name'))
-    except (OSError, StopIteration):
-        pass
-    nproc = (len(os.sched_getaffinity(0))
-             if hasattr(os, 'sched_getaffinity') else os.cpu_count())
-    info = dict(cpu=cpu, nproc=nproc, load_average=load_average(),
-                torch_threads=torch.get_num_threads(),
-                torch=torch.__version__, python=platform.python_version())
-    if device.type == 'cuda':
-        info['gpu'] = torch.cuda.get_device_name(device)
-    return info
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes of the storages behind ``tensors``, each storage once (a
+    model's parameters and buffers, an optimizer's state)."""
+    seen = {}
+    for t in tensors:
+        if isinstance(t, Tensor) and t.device.type != 'meta':
+            storage = t.untyped_storage()
+            seen[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())

@@ -1,17 +1,17 @@
-"""The targets of the GPU check (issue 20), read from the JSON files of one
-``tools/gpu_check.sh`` run.
+"""The targets of the GPU suite, read from the documents of one run of
+``python -m mmseg_mita.bench gpu OUT_DIR``.
 
-:func:`evaluate` reads ``OUT_DIR``'s ``op_shapes_*.json``
-(``tools/benchmark_op_shapes.py``), ``encoder_*.json``
-(``tools/benchmark_encoder.py``), ``throughput_1d_*.json``
-(``tools/benchmark_throughput_1d.py``) and the junit XML of the CUDA op
-tests (``op_tests.xml``), and returns one row per target: its measured value,
-the target, whether it is met, and which measurement gave it. Several
-files of one kind (e.g. ``op_shapes_cuda_bfloat16.json`` from the eager
-and CUDA-graph run and ``op_shapes_compile_cuda_bfloat16.json``) are
-merged. A target
-without a measurement gets ``measured: None, met: False`` and a ``why``:
-nothing is invented. Rules:
+:func:`evaluate` reads ``OUT_DIR``'s ``op_shapes_*.json`` (subcommand
+``op-shapes``), ``encoder_*.json`` (``encoder``), ``throughput_1d_*.json``
+(``throughput-1d``) and the junit XML of the CUDA op tests
+(``op_tests.xml``), and returns one row per target: its measured value,
+the target, whether it is met, and which measurement gave it. The rows of
+several files of one kind (e.g. ``op_shapes_cuda_bfloat16.json`` from the
+eager and CUDA-graph run and ``op_shapes_compile_cuda_bfloat16.json``) are
+merged. A target without a measurement gets ``measured: None, met: False``
+and a ``why``: nothing is invented. The targets are stated on the
+workloads of :mod:`.workloads` (op shapes, encoder settings, 1-D lengths).
+Rules:
 
 * op targets: speed-up = the best SDPA time (over its modes) / the best
   MiTA time over backends and modes (eager, compile, cudagraph) at that
@@ -31,6 +31,8 @@ import json
 import os.path as osp
 import xml.etree.ElementTree as ET
 from typing import Dict, List, Optional
+
+from .report import Column, format_table
 
 # Graph-captured results further than this from eager (largest relative
 # error of the output and gradients, bf16) do not count as measurements.
@@ -57,9 +59,9 @@ TARGET_KEYS = tuple(t[0] for t in OP_TARGETS + THROUGHPUT_TARGETS +
 
 
 def _load(out_dir: str, pattern: str):
-    """(names, merged results) of the JSON files matching ``pattern``
-    (``None`` results when there is none): the ``results`` lists
-    concatenated, ``args.backends`` joined."""
+    """(names, merged document) of the JSON files matching ``pattern``
+    (``None`` when there is none): the ``rows`` concatenated, the
+    ``settings.backends`` joined."""
     paths = sorted(p for p in glob.glob(osp.join(out_dir, pattern))
                    if not osp.basename(p).startswith('.'))
     merged, names = None, []
@@ -70,27 +72,25 @@ def _load(out_dir: str, pattern: str):
         except (OSError, ValueError):
             continue
         names.append(osp.basename(path))
-        merged = merged or dict(results=[], args=dict(backends=[]))
-        merged['results'] += data.get('results', [])
-        merged['args']['backends'] += data.get('args', {}).get('backends', [])
+        merged = merged or dict(rows=[], backends=[])
+        merged['rows'] += data.get('rows', [])
+        merged['backends'] += data.get('settings', {}).get('backends', [])
     return ', '.join(names) or None, merged
 
 
 def _merge_shapes(data):
-    """Op records of several runs merged per (N, BH): every mode of every
-    method (a later file adds its modes)."""
+    """Op rows of several runs grouped per (N, BH): method -> mode -> the
+    row (the faster of two rows of one method and mode)."""
     shapes = {}
-    for record in (data or {}).get('results', []):
-        key = (record.get('tokens'), record.get('bh'))
+    for row in (data or {}).get('rows', []):
+        key = (row.get('tokens'), row.get('bh'))
         merged = shapes.setdefault(key, dict(tokens=key[0], bh=key[1],
                                              methods={}))
-        for method, modes in record.get('methods', {}).items():
-            for mode, entry in modes.items():
-                old = merged['methods'].setdefault(method, {}).get(mode)
-                if old is None or 'best_s' not in old or (
-                        'best_s' in entry
-                        and entry['best_s'] < old['best_s']):
-                    merged['methods'][method][mode] = entry
+        modes = merged['methods'].setdefault(row.get('method'), {})
+        old = modes.get(row.get('mode'))
+        if old is None or 'best_s' not in old or (
+                'best_s' in row and row['best_s'] < old['best_s']):
+            modes[row.get('mode')] = row
     return list(shapes.values())
 
 
@@ -177,7 +177,7 @@ def _throughput_rows(data, path) -> List[dict]:
         row = _row(key, f'1-D throughput (3 layers, dim 128, 2 heads of 64, '
                    f'inference) at N={n}', f'speed-up >= {bound}x',
                    'the same model with F.scaled_dot_product_attention')
-        found = [r for r in (data or {}).get('results', [])
+        found = [r for r in (data or {}).get('rows', [])
                  if r.get('tokens') == n and r.get('method') != 'sdpa'
                  and 'speedup_vs_sdpa' in r]
         if not found:
@@ -194,7 +194,7 @@ def _throughput_rows(data, path) -> List[dict]:
 
 def _encoder_rows(data, path, correct) -> List[dict]:
     rows = []
-    records = [r for r in (data or {}).get('results', []) if 'best_s' in r]
+    records = [r for r in (data or {}).get('rows', []) if 'best_s' in r]
     for key, kind, n, bound in ENCODER_TARGETS:
         row = _row(key, f'ViT-S/16 encoder {kind} step at {n} tokens',
                    f'time ratio <= {bound}',
@@ -243,13 +243,13 @@ def _auto_row(data, correct) -> dict:
 
 
 def evaluate(out_dir: str) -> dict:
-    """Every target of one gpu_check run in ``out_dir``."""
+    """Every target of one GPU suite run in ``out_dir``."""
     op_path, ops = _load(out_dir, 'op_shapes_*.json')
     enc_path, enc = _load(out_dir, 'encoder_*.json')
     tp_path, tp = _load(out_dir, 'throughput_1d_*.json')
     backends = set()
     for data in (ops, enc):
-        backends.update((data or {}).get('args', {}).get('backends', []))
+        backends.update((data or {}).get('backends', []))
     correct = backend_correctness(out_dir, sorted(backends))
     rows = (_op_rows(ops, op_path, correct) + _throughput_rows(tp, tp_path) +
             _encoder_rows(enc, enc_path, correct) + [_auto_row(ops, correct)])
@@ -262,22 +262,35 @@ def evaluate(out_dir: str) -> dict:
                 targets=rows)
 
 
-def format_targets(result: dict) -> str:
-    lines = [f'{"target":<22} | {"measured":>9} | {"target":<19} | '
-             f'{"met":<4} | detail']
-    for r in result['targets']:
-        if r['key'] == AUTO_KEY:
-            measured = r['measured'] or {}
-            text = ', '.join(f'{shape}: {v["backend"]} ({v["mode"]})'
-                             for shape, v in measured.items())
-            lines.append(f'{r["key"]:<22} | {"":>9} | {r["target"]:<19} | '
-                         f'{"-":<4} | {text or r.get("why", "")}')
-            continue
-        measured = ('-' if r['measured'] is None else f'{r["measured"]:.3g}')
-        lines.append(f'{r["key"]:<22} | {measured:>9} | {r["target"]:<19} | '
-                     f'{"yes" if r["met"] else "no":<4} | '
-                     f'{r.get("detail") or r.get("why", "")}')
-    lines.append(f'{result["met"]} of {result["scored"]} targets met; '
-                 'speed-up = SDPA time / MiTA time, ratio = MiTA time / SDPA '
-                 'time (best of backends and modes each)')
-    return '\n'.join(lines)
+def _measured(row) -> str:
+    if row['key'] == AUTO_KEY:
+        return ''
+    return '-' if row['measured'] is None else f'{row["measured"]:.3g}'
+
+
+def _met(row) -> str:
+    return '-' if row['met'] is None else ('yes' if row['met'] else 'no')
+
+
+def _detail(row) -> str:
+    if row['key'] == AUTO_KEY and row['measured']:
+        return ', '.join(f'{shape}: {v["backend"]} ({v["mode"]})'
+                         for shape, v in row['measured'].items())
+    return row.get('detail') or row.get('why', '')
+
+
+COLUMNS = [
+    Column('target', 'key', left=True),
+    Column('measured', _measured),
+    Column('target', 'target', left=True),
+    Column('met', _met, left=True),
+    Column('detail', _detail, left=True),
+]
+
+
+def format_targets(result: dict, markdown: bool = False) -> str:
+    return format_table(result['targets'], COLUMNS, markdown, notes=[
+        f'{result["met"]} of {result["scored"]} targets met; speed-up = '
+        'SDPA time / MiTA time, ratio = MiTA time / SDPA time (best of '
+        'backends and modes each)'
+    ])

@@ -1,4 +1,4 @@
-"""Graph-captured calls for the benchmark tools and their tests:
+"""Graph-captured calls for the subcommands and their tests:
 ``torch.compile`` (``mode='reduce-overhead'`` records CUDA graphs of the
 compiled parts) and whole-call CUDA graphs (``torch.cuda.CUDAGraph``).
 
@@ -33,24 +33,34 @@ def graph_breaks() -> int:
     return sum(torch._dynamo.utils.counters['graph_break'].values())
 
 
-def add_compile_options(parser: argparse.ArgumentParser) -> None:
-    """``--compile-mode`` and ``--compile-backend`` (of :func:`compiled`)."""
-    parser.add_argument('--compile-mode', default='reduce-overhead')
+def add_compile_options(parser: argparse.ArgumentParser,
+                        mode: str = 'reduce-overhead') -> None:
+    """``--compile-mode`` (default ``mode``) and ``--compile-backend``
+    (of :func:`compile_options`)."""
+    parser.add_argument('--compile-mode', default=mode,
+                        help="torch.compile mode (inductor's; default: "
+                        '%(default)s)')
     parser.add_argument('--compile-backend', default='inductor',
                         help="torch.compile backend ('eager': dynamo only, "
-                        'a quick check on CPU)')
+                        "'aot_eager': and AOTAutograd; quick checks on CPU)")
+
+
+def compile_options(mode: str = 'reduce-overhead',
+                    backend: str = 'inductor') -> dict:
+    """``torch.compile`` keywords: ``mode`` applies to inductor only
+    (other backends, e.g. ``'eager'`` for a quick trace on CPU, take
+    none)."""
+    return dict(mode=mode) if backend == 'inductor' else dict(
+        backend=backend)
 
 
 def compiled(fn: Callable, mode: str = 'reduce-overhead',
              backend: str = 'inductor') -> Callable:
-    """``torch.compile(fn)``; ``mode`` applies to inductor only (other
-    backends, e.g. ``'eager'`` for a quick trace on CPU, take none).
-    Shapes are dynamo's default: static first, dynamic for a size that
-    changed on a recompile (the torch backend of MiTA reads block counts
-    on the host: with static shapes every new count would recompile)."""
-    if backend == 'inductor':
-        return torch.compile(fn, mode=mode)
-    return torch.compile(fn, backend=backend)
+    """``torch.compile(fn, **compile_options(mode, backend))``. Shapes are
+    dynamo's default: static first, dynamic for a size that changed on a
+    recompile (the torch backend of MiTA reads block counts on the host:
+    with static shapes every new count would recompile)."""
+    return torch.compile(fn, **compile_options(mode, backend))
 
 
 def mark_step() -> None:

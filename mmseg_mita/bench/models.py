@@ -1,5 +1,6 @@
-"""The plain-PyTorch models of the benchmark tools: a pre-norm Transformer
-block whose attention is a function, and a ViT encoder built of such blocks.
+"""The plain-PyTorch models of the subcommands ``encoder`` and
+``throughput-1d``: a pre-norm Transformer block whose attention is a
+function, a ViT encoder and a 1-D Transformer built of such blocks.
 
 :class:`ViTEncoder` with its defaults is ViT-S/16: a 16 x 16 patch
 convolution to 384 channels, a cls token, a learned position embedding, 12
@@ -9,7 +10,8 @@ grid (32 x 32: 512 x 512 images) and resized bilinearly to other grids, as
 mmseg's ViT does. The attention is an argument of ``forward``:
 ``attend(q, k, v, hw)`` with q, k, v of shape [B, heads, N, head_dim] and
 ``hw`` the patch grid; :func:`sdpa_attention` and :func:`mita_attend` are
-the two measured. PyTorch only (no mmcv, mmengine or mmseg).
+the two measured. :class:`Transformer1d` is a stack of blocks on a
+sequence (``attend(q, k, v)``). PyTorch only (no mmcv, mmengine or mmseg).
 """
 import functools
 from typing import Callable, Tuple
@@ -96,4 +98,20 @@ class ViTEncoder(nn.Module):
         attend_hw = functools.partial(attend, hw=hw)
         for block in self.blocks:
             x = block(x, attend_hw)
+        return self.norm(x)
+
+
+class Transformer1d(nn.Module):
+    """``depth`` pre-norm blocks and a final LayerNorm on a sequence;
+    ``forward(x, attend)`` with x of shape [B, N, dim]."""
+
+    def __init__(self, dim: int, depth: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, attend: Callable) -> Tensor:
+        for block in self.blocks:
+            x = block(x, attend)
         return self.norm(x)
