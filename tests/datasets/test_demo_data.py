@@ -1,3 +1,4 @@
+"""The procedural demo dataset and its majority-class baseline."""
 import filecmp
 import os
 import os.path as osp
@@ -5,8 +6,9 @@ import os.path as osp
 import cv2
 import numpy as np
 import pytest
-from make_demo_data import CLASSES, make_dataset
-from run_demo import majority_class_miou
+
+from mmseg_mita.datasets.demo_data import (CLASSES, majority_class_miou,
+                                           make_dataset)
 
 
 def test_layout_and_labels(tmp_path):

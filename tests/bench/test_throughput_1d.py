@@ -1,11 +1,13 @@
-"""tools/benchmark_throughput_1d.py: settings and one tiny CPU run."""
+"""The subcommand ``throughput-1d``: settings and one tiny CPU run."""
 import argparse
 import json
 
 import pytest
 import torch
-from benchmark_throughput_1d import (Transformer1d, main, parse_args,
-                                     parse_mk, resolve_mk)
+
+from mmseg_mita.bench.cli import main
+from mmseg_mita.bench.models import Transformer1d
+from mmseg_mita.bench.throughput_1d import parse_mk, resolve_mk
 
 
 def test_quarter_setting_puts_m_times_k_near_a_quarter_of_n():
@@ -22,9 +24,11 @@ def test_bad_mk_is_rejected(value):
         parse_mk(value)
 
 
-def test_dim_must_split_into_heads():
+def test_dim_must_split_into_heads(capsys):
     with pytest.raises(SystemExit):
-        parse_args(['--dim', '130', '--heads', '4'])
+        main(['throughput-1d', '--dim', '130', '--heads', '4'])
+    assert '--dim 130 must be a multiple of --heads 4' in (
+        capsys.readouterr().err)
 
 
 def test_model_is_pre_norm_with_the_stated_sizes():
@@ -46,20 +50,20 @@ def test_model_is_pre_norm_with_the_stated_sizes():
 
 def test_tiny_cpu_run_writes_json_and_table(tmp_path, capsys):
     out = tmp_path / 't.json'
-    result = main([
-        '--device', 'cpu', '--dtype', 'float32', '--tokens', '64', '100',
-        '--mk', '4', 'quarter', '--backends', 'torch', '--dim', '16',
-        '--heads', '2', '--depth', '1', '--repeats', '1',
-        '--warmup-tokens', '16', '--json', str(out)
-    ])
+    assert main([
+        'throughput-1d', '--device', 'cpu', '--dtype', 'float32',
+        '--tokens', '64', '100', '--mk', '4', 'quarter', '--backends',
+        'torch', '--dim', '16', '--heads', '2', '--depth', '1', '--repeats',
+        '1', '--warmup-tokens', '16', '--json', str(out)
+    ]) == 0
     table = capsys.readouterr().out
-    assert 'tokens/s' in table and 'failed' not in table
+    assert 'tokens/s' in table and 'Error' not in table
     saved = json.loads(out.read_text())
     assert saved['model']['head_dim'] == 8
     rows = [(r['tokens'], r['method'], r['m'], r['k'])
-            for r in saved['results']]
+            for r in saved['rows']]
     assert rows == [(64, 'sdpa', None, None), (64, 'mita_torch', 4, 4),
                     (64, 'mita_torch', 4, 4), (100, 'sdpa', None, None),
                     (100, 'mita_torch', 4, 4), (100, 'mita_torch', 5, 5)]
-    for r in result['results']:
+    for r in saved['rows']:
         assert r['tokens_per_s'] > 0 and r['speedup_vs_sdpa'] > 0

@@ -1,5 +1,5 @@
-"""The launch counter (mmseg_mita.benchmarks.launches) and
-tools/count_launches.py on small shapes."""
+"""The launch counter (mmseg_mita.bench.launch_counter) and the
+subcommand ``launches`` on small shapes."""
 import importlib.util
 import json
 import os
@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from mmseg_mita.benchmarks.launches import count_launches
+from mmseg_mita.bench.launch_counter import count_launches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -65,7 +65,7 @@ def test_triton_launches_are_counted_without_the_interpreters_ops():
         import torch
         import triton
         import triton.language as tl
-        from mmseg_mita.benchmarks.launches import count_launches
+        from mmseg_mita.bench.launch_counter import count_launches
 
         @triton.jit
         def add_one(X, n, BLOCK: tl.constexpr):
@@ -91,13 +91,15 @@ def test_triton_launches_are_counted_without_the_interpreters_ops():
                                   "{'triton::add_one': 2}")
 
 
-def test_tool_counts_the_torch_backend_without_host_sync(tmp_path):
-    from count_launches import main
+def test_subcommand_counts_the_torch_backend_without_host_sync(tmp_path,
+                                                             capsys):
+    from mmseg_mita.bench.cli import main
     path = str(tmp_path / 'launches.json')
-    main(['--backends', 'torch', '--tokens', '65', '--heads', '2',
-          '--dtype', 'float32', '--json', path])
+    assert main(['launches', '--backends', 'torch', '--tokens', '65',
+                 '--heads', '2', '--dtype', 'float32', '--json', path]) == 0
+    assert '\ntorch   | 65 |' in capsys.readouterr().out
     with open(path) as f:
-        (row, ) = json.load(f)['results']
+        (row, ) = json.load(f)['rows']
     assert (row['backend'], row['tokens'], row['hw']) == ('torch', 65,
                                                           [8, 8])
     for stage in ('forward', 'backward'):

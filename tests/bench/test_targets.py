@@ -1,10 +1,10 @@
-"""mmseg_mita.benchmarks.targets and tools/gpu_targets.py on synthetic
-gpu_check outputs: met, unmet, missing, an incorrect backend left out."""
+"""mmseg_mita.bench.targets on synthetic documents of a GPU suite run:
+met, unmet, missing, an incorrect backend left out."""
 import json
 
 import pytest
 
-from mmseg_mita.benchmarks.targets import TARGET_KEYS, evaluate
+from mmseg_mita.bench.targets import TARGET_KEYS, evaluate, format_targets
 
 JUNIT = '''<testsuites><testsuite>
 <testcase name="test_float32[1-torch]"/>
@@ -14,38 +14,38 @@ JUNIT = '''<testsuites><testsuite>
 
 
 def _op(n, bh, sdpa_s, **methods):
-    """An op_shapes record; methods: name -> {mode: seconds or dict}."""
-    record = dict(tokens=n, bh=bh, methods=dict(
-        sdpa=dict(eager=dict(best_s=sdpa_s))))
+    """The op-shapes rows of one shape; methods: name -> {mode: seconds or
+    a dict of the row's values}."""
+    rows = [dict(tokens=n, bh=bh, method='sdpa', mode='eager',
+                 best_s=sdpa_s)]
     for name, modes in methods.items():
-        record['methods'][name] = {
-            mode: v if isinstance(v, dict) else dict(best_s=v)
-            for mode, v in modes.items()}
-    return record
+        for mode, v in modes.items():
+            rows.append(dict(v if isinstance(v, dict) else dict(best_s=v),
+                             tokens=n, bh=bh, method=name, mode=mode))
+    return rows
 
 
-def _write(path, results, backends=('torch', 'triton')):
-    path.write_text(json.dumps(dict(args=dict(backends=list(backends)),
-                                    results=results)))
+def _write(path, rows, backends=('torch', 'triton')):
+    path.write_text(json.dumps(dict(settings=dict(backends=list(backends)),
+                                    rows=rows)))
 
 
 @pytest.fixture
 def run_dir(tmp_path):
-    _write(tmp_path / 'op_shapes_cuda_bfloat16.json', [
-        # met: 2 ms / 1 ms from torch's eager run
-        _op(1025, 12, 2e-3, mita_torch=dict(eager=1e-3, cudagraph=dict(
-            error='RuntimeError: capture'))),
-        # triton is 100x faster but failed its CUDA test: left out, so the
-        # target is missed with torch's 0.5x
-        _op(1025, 96, 1e-3, mita_torch=dict(eager=2e-3),
-            mita_triton=dict(eager=1e-5)),
-        # the graph run beyond the tolerance does not count
-        _op(65537, 1, 9e-3, mita_torch=dict(
-            eager=3e-3, cudagraph=dict(best_s=1e-4, rel_err_vs_eager=0.5))),
-    ])
+    _write(tmp_path / 'op_shapes_cuda_bfloat16.json',
+           # met: 2 ms / 1 ms from torch's eager run
+           _op(1025, 12, 2e-3, mita_torch=dict(eager=1e-3, cudagraph=dict(
+               error='RuntimeError: capture'))) +
+           # triton is 100x faster but failed its CUDA test: left out, so
+           # the target is missed with torch's 0.5x
+           _op(1025, 96, 1e-3, mita_torch=dict(eager=2e-3),
+               mita_triton=dict(eager=1e-5)) +
+           # the graph run beyond the tolerance does not count
+           _op(65537, 1, 9e-3, mita_torch=dict(eager=3e-3, cudagraph=dict(
+               best_s=1e-4, rel_err_vs_eager=0.5))))
     # A second op file (the compile run) adds a mode at 4097 x 12.
-    _write(tmp_path / 'op_shapes_compile_cuda_bfloat16.json', [
-        _op(4097, 12, 6e-4, mita_torch=dict(compile=1e-4))])
+    _write(tmp_path / 'op_shapes_compile_cuda_bfloat16.json',
+           _op(4097, 12, 6e-4, mita_torch=dict(compile=1e-4)))
     _write(tmp_path / 'throughput_1d_cuda_bfloat16.json', [
         dict(tokens=65536, method='sdpa', m=None, speedup_vs_sdpa=1.0),
         dict(tokens=65536, method='mita_torch', m=49, speedup_vs_sdpa=2.0),
@@ -88,13 +88,11 @@ def test_targets_met_unmet_and_missing(run_dir):
     assert (result['met'], result['scored']) == (4, 9)
 
 
-def test_gpu_targets_on_an_empty_run_lists_every_target(tmp_path, capsys):
-    import gpu_targets
-    gpu_targets.main([str(tmp_path)])
-    saved = json.loads((tmp_path / 'targets.json').read_text())
-    assert [r['key'] for r in saved['targets']] == list(TARGET_KEYS)
-    for r in saved['targets']:
+def test_an_empty_run_lists_every_target_unmeasured(tmp_path):
+    result = evaluate(str(tmp_path))
+    assert [r['key'] for r in result['targets']] == list(TARGET_KEYS)
+    for r in result['targets']:
         assert r['measured'] is None and r['met'] in (False, None)
         assert r['why']
-    table = capsys.readouterr().out
+    table = format_targets(result)
     assert '0 of 9 targets met' in table and 'no op_shapes' in table

@@ -1,12 +1,12 @@
-"""mmseg_mita.benchmarks.encoder and tools/benchmark_{encoder,op_shapes}.py
-at tiny sizes on CPU."""
+"""The benchmark models (mmseg_mita.bench.models) and the subcommands
+``encoder`` and ``op-shapes`` at tiny sizes on CPU."""
 import json
 
 import pytest
 import torch
 
-from mmseg_mita.benchmarks.encoder import (ViTEncoder, mita_attend,
-                                           sdpa_attention)
+from mmseg_mita.bench.cli import main
+from mmseg_mita.bench.models import ViTEncoder, mita_attend, sdpa_attention
 
 
 def _tiny():
@@ -49,42 +49,53 @@ def test_mita_encoder_differs_from_sdpa_and_has_vit_s_defaults():
     assert vit_s.pos_embed.shape == (1, 1 + 32 * 32, 384)
 
 
-def test_benchmark_encoder_tiny_run(tmp_path, capsys):
-    import benchmark_encoder
+def test_encoder_tiny_run(tmp_path, capsys):
     out = tmp_path / 'e.json'
-    result = benchmark_encoder.main([
-        '--device', 'cpu', '--dtype', 'float32', '--settings',
+    assert main([
+        'encoder', '--device', 'cpu', '--dtype', 'float32', '--settings',
         'train:16x16:2', 'infer:16x20:1', '--backends', 'torch', '--modes',
         'eager', '--dim', '16', '--depth', '1', '--heads', '2', '--patch',
         '4', '--pool-size', '2', '--topk', '3', '--repeats', '1', '--json',
         str(out)
-    ])
+    ]) == 0
     assert 'x SDPA time' in capsys.readouterr().out
-    saved = json.loads(out.read_text())['results']
-    assert [(r['setting'], r['method'], r['tokens']) for r in saved] == [
+    saved = json.loads(out.read_text())
+    assert saved['model']['head_dim'] == 8
+    rows = saved['rows']
+    assert [(r['setting'], r['method'], r['tokens']) for r in rows] == [
         ('train:16x16:2', 'sdpa', 17), ('train:16x16:2', 'mita_torch', 17),
         ('infer:16x20:1', 'sdpa', 21), ('infer:16x20:1', 'mita_torch', 21)]
-    for r in result['results']:
+    for r in rows:
         assert r['best_s'] > 0 and r['peak_bytes'] > 0 and 'error' not in r
         assert r['time_ratio'] > 0
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--settings', 'fit:16x16:2'], 'expected train|infer:HxW:BATCH'),
+    (['--settings', 'train:18x16:2', '--patch', '4'],
+     'multiples of --patch 4'),
+    (['--dim', '30', '--heads', '4'], 'multiple of --heads 4'),
+])
+def test_encoder_refuses_bad_settings(argv, message, capsys):
     with pytest.raises(SystemExit):
-        benchmark_encoder.parse_args(['--settings', 'fit:16x16:2'])
+        main(['encoder', '--device', 'cpu', '--dtype', 'float32'] + argv)
+    assert message in capsys.readouterr().err
 
 
-def test_op_shapes_grid_layout_and_failed_mode_is_recorded(tmp_path):
-    import benchmark_op_shapes as ops
-    assert [ops.grid(n, 1) for n in (1025, 4097, 8193, 65537)] == [
-        (32, 32), (64, 64), (64, 128), (256, 256)]
-    assert [ops.layout(bh, 6) for bh in (12, 96, 6, 1)] == [
-        (2, 6), (16, 6), (1, 6), (1, 1)]
-    result = ops.main([
-        '--device', 'cpu', '--dtype', 'float32', '--shapes', '17:2',
-        '--head-dim', '8', '--pool-size', '2', '--topk', '3', '--backends',
-        'torch', '--graph', 'cudagraph', '--repeats', '1', '--min-run-ms',
-        '0', '--json', str(tmp_path / 'o.json')
-    ])
-    methods = result['results'][0]['methods']
-    assert methods['mita_torch']['eager']['speedup_vs_sdpa'] > 0
-    assert 'CUDA' in methods['mita_torch']['cudagraph']['error']
-    assert json.loads((tmp_path / 'o.json').read_text())['results'][0][
-        'grid'] == [4, 4]
+def test_op_shapes_records_a_failed_mode_and_the_others(tmp_path):
+    path = tmp_path / 'o.json'
+    main(['op-shapes', '--device', 'cpu', '--dtype', 'float32', '--shapes',
+          '17:2', '--head-dim', '8', '--pool-size', '2', '--topk', '3',
+          '--backends', 'torch', '--graph', 'cudagraph', 'compile',
+          '--compile-backend', 'eager', '--repeats', '1', '--min-run-ms',
+          '0', '--json', str(path)])
+    rows = {(r['method'], r['mode']): r
+            for r in json.loads(path.read_text())['rows']}
+    assert set(rows) == {(m, g) for m in ('sdpa', 'mita_torch')
+                         for g in ('eager', 'cudagraph', 'compile')}
+    assert rows[('mita_torch', 'eager')]['grid'] == [4, 4]
+    assert rows[('mita_torch', 'eager')]['speedup_vs_sdpa'] > 0
+    assert 'CUDA' in rows[('mita_torch', 'cudagraph')]['error']
+    compiled = rows[('mita_torch', 'compile')]
+    assert compiled['graph_breaks'] == 0
+    assert compiled['rel_err_vs_eager'] < 1e-5
