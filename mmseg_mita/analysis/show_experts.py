@@ -28,7 +28,6 @@ from mmseg_mita.utils import write_atomic
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog='tools/show_experts.py',
         description=__doc__.split('\n\n')[0].replace('\n', ' '))
     parser.add_argument('config')
     parser.add_argument('checkpoint')

@@ -33,7 +33,6 @@ COMPRESSION_ONLY = 'compression-only'
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog='tools/sweep_mk.py',
         description=__doc__.split('\n\n')[0].replace('\n', ' '))
     parser.add_argument('config')
     parser.add_argument('checkpoint')

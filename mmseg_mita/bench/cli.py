@@ -31,6 +31,14 @@ SUBCOMMANDS = {
     'gpu': 'gpu',
 }
 DTYPES = ('float32', 'float16', 'bfloat16', 'float64')
+# The --dtype of the subcommands that run on a GPU.
+LOW_PRECISION = DTYPES[:3]
+
+
+def gpu_defaults(repeats: int, time_budget: float) -> dict:
+    """``COMMON`` of a subcommand of the GPU suite: CUDA, bfloat16."""
+    return dict(device='cuda', dtype='bfloat16', repeats=repeats,
+                time_budget=time_budget, threads=0, seed=0)
 
 
 class UsageError(ValueError):

@@ -31,19 +31,18 @@ import time
 import torch
 from torch import nn
 
-from .cli import UsageError
+from .cli import LOW_PRECISION, UsageError, gpu_defaults
 from .graphs import (add_compile_options, compiled, graph_breaks, mark_step,
                      reset_compiler)
 from .measure import peak_memory, summarize, time_interleaved
 from .models import ViTEncoder, mita_attend, sdpa_attention
 from .record import document, finish, save
-from .report import Column, format_table
+from .report import ERROR, Column, Table, fixed, milliseconds
 from .workloads import (ENCODER_SETTINGS, encoder_setting, image_tokens,
                         positive_int)
 
-COMMON = dict(device='cuda', dtype='bfloat16', repeats=5, time_budget=5.0,
-              threads=0, seed=0)
-DTYPES = ('float32', 'float16', 'bfloat16')
+COMMON = gpu_defaults(repeats=5, time_budget=5.0)
+DTYPES = LOW_PRECISION
 MODES = ('eager', 'compiled')
 
 
@@ -220,17 +219,13 @@ COLUMNS = [
     Column('N', 'tokens'),
     Column('method', 'method', left=True),
     Column('mode', 'mode', left=True),
-    Column('ms', lambda r: None if 'error' in r else r['best_s'],
-           lambda v: f'{v * 1e3:.1f}'),
-    Column('x SDPA time', 'time_ratio', '{:.2f}'),
+    milliseconds(digits=1),
+    fixed('x SDPA time', 'time_ratio'),
     Column('peak MiB', 'peak_bytes', lambda v: f'{v / 2**20:.1f}'),
-    Column('x SDPA mem', 'memory_ratio', '{:.2f}'),
-    Column('error', lambda r: r.get('error', '')[:80], left=True),
+    fixed('x SDPA mem', 'memory_ratio'),
+    ERROR,
 ]
-
-
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown, notes=[
-        'x SDPA = method / the SDPA encoder in the same setting and mode '
-        '(below 1: MiTA faster or smaller); best run'
-    ])
+table = Table(COLUMNS, notes=[
+    'x SDPA = method / the SDPA encoder in the same setting and mode (below '
+    '1: MiTA faster or smaller); best run'
+])

@@ -19,7 +19,7 @@ import torch
 from mmseg_mita.ops import mita_attention
 from .launch_counter import count_launches
 from .record import document, finish
-from .report import Column, format_table
+from .report import Column, Table
 from .workloads import patch_grid, positive_int
 
 COMMON = dict(device='cpu', dtype='bfloat16', threads=0, seed=0)
@@ -91,7 +91,4 @@ COLUMNS = [
            lambda r: None if r['forward']['cuda_kernels'] is None else
            _both('cuda_kernels')(r)),
 ]
-
-
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown)
+table = Table(COLUMNS)

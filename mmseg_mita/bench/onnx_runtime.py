@@ -26,7 +26,7 @@ from mmseg_mita.deploy.export_tool import require_onnx
 from .cli import UsageError
 from .measure import summarize, time_interleaved
 from .record import document, finish
-from .report import Column, format_table
+from .report import Column, Table, fixed, milliseconds
 from .segmentors import ROOT
 from .workloads import image_size
 
@@ -112,15 +112,14 @@ def run(args: argparse.Namespace) -> int:
 COLUMNS = [
     Column('config', 'name', left=True),
     Column('runtime', 'runtime', left=True),
-    Column('ms', 'best_s', lambda v: f'{v * 1e3:.0f}'),
-    Column('ORT / PyTorch', 'ort_vs_torch', '{:.2f}'),
-    Column('vs baseline', 'vs_baseline', '{:.2f}'),
+    milliseconds(digits=0),
+    fixed('ORT / PyTorch', 'ort_vs_torch'),
+    fixed('vs baseline', 'vs_baseline'),
     Column('max abs logit diff', 'max_abs_logit_diff', '{:.2g}'),
 ]
 
 
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown, notes=[
-        'inference of one image, best of the repeats; vs baseline = time / '
-        'the last config\'s time in the same runtime'
-    ])
+table = Table(COLUMNS, notes=[
+    'inference of one image, best of the repeats; vs baseline = time / the '
+    "last config's time in the same runtime"
+])

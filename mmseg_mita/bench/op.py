@@ -27,7 +27,7 @@ from .cli import UsageError
 from .measure import (load_average, peak_memory, run_timed, summarize,
                       time_interleaved)
 from .record import document, finish, save
-from .report import Column, Curve, Panel, format_table, plot_panels
+from .report import Column, Curve, Panel, Table, fixed, plot_panels
 from .workloads import OP_TOKENS, check_grid, patch_grid, positive_int
 
 COMMON = dict(device='cpu', dtype='float32', repeats=3, time_budget=120.0,
@@ -179,20 +179,19 @@ COLUMNS = [
     Column('method', 'method', left=True),
     Column('mode', 'mode', left=True),
     Column('ms', lambda r: r, _ms),
-    Column('x SDPA', 'speedup_vs_sdpa', '{:.2f}'),
+    fixed('x SDPA', 'speedup_vs_sdpa'),
     Column('peak MiB', 'peak_bytes', lambda v: f'{v / 2**20:.1f}'),
-    Column('vs 1 expert', 'time_vs_one_expert', '{:.2f}'),
-    Column('keys ratio', 'keys_ratio', '{:.2f}'),
+    fixed('vs 1 expert', 'time_vs_one_expert'),
+    fixed('keys ratio', 'keys_ratio'),
 ]
 
 
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown, notes=[
-        'x SDPA = SDPA time / method time, same mode (best of the '
-        'repeats); peak = bytes allocated above the inputs; * = one run, '
-        'the memory run; vs 1 expert = time / the time with one routed '
-        'expert; keys ratio = (m + s k) / (m + k)'
-    ])
+table = Table(COLUMNS, notes=[
+    'x SDPA = SDPA time / method time, same mode (best of the repeats); '
+    'peak = bytes allocated above the inputs; * = one run, the memory run; '
+    'vs 1 expert = time / the time with one routed expert; keys ratio = '
+    '(m + s k) / (m + k)'
+])
 
 
 def plot(doc: dict, path: str) -> None:

@@ -31,18 +31,18 @@ import torch
 import torch.nn.functional as F
 
 from mmseg_mita.ops import mita_attention
+from .cli import LOW_PRECISION, gpu_defaults
 from .graphs import (add_compile_options, capture_cuda_graph, compiled,
                      forward_backward, graph_breaks, mark_step,
                      relative_error, reset_compiler, results)
 from .measure import peak_memory, run_timed, summarize, time_interleaved
 from .record import document, finish, save
-from .report import Column, format_table
+from .report import Column, Table, fixed, milliseconds
 from .workloads import (OP_SHAPES, batch_heads, check_grid, op_shape,
                         patch_grid, positive_int)
 
-COMMON = dict(device='cuda', dtype='bfloat16', repeats=10, time_budget=2.0,
-              threads=0, seed=0)
-DTYPES = ('float32', 'float16', 'bfloat16')
+COMMON = gpu_defaults(repeats=10, time_budget=2.0)
+DTYPES = LOW_PRECISION
 GRAPH_MODES = ('compile', 'cudagraph')
 
 
@@ -209,16 +209,15 @@ COLUMNS = [
     Column('B x H', 'bh'),
     Column('method', 'method', left=True),
     Column('mode', 'mode', left=True),
-    Column('fwd+bwd ms', 'best_s', lambda v: f'{v * 1e3:.3f}'),
-    Column('x SDPA', 'speedup_vs_sdpa', '{:.2f}'),
+    milliseconds('fwd+bwd ms', 3),
+    fixed('x SDPA', 'speedup_vs_sdpa'),
     Column('peak MiB', 'peak_bytes', lambda v: f'{v / 2**20:.1f}'),
     Column('notes', _notes, left=True),
 ]
 
 
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown, notes=[
-        'x SDPA = SDPA time / method time in the same mode (best run, per '
-        'call); peak = bytes allocated above the inputs (graph modes: not '
-        'what the capture allocated)'
-    ])
+table = Table(COLUMNS, notes=[
+    'x SDPA = SDPA time / method time in the same mode (best run, per '
+    'call); peak = bytes allocated above the inputs (graph modes: not what '
+    'the capture allocated)'
+])

@@ -56,6 +56,29 @@ def format_table(rows: Sequence[dict], columns: Sequence[Column],
     return '\n'.join(lines + list(notes))
 
 
+class Table(NamedTuple):
+    """A document's table: ``table(doc, markdown)`` formats its rows."""
+    columns: Sequence[Column]
+    notes: Sequence[str] = ()
+
+    def __call__(self, doc: dict, markdown: bool) -> str:
+        return format_table(doc['rows'], self.columns, markdown, self.notes)
+
+
+def fixed(header: str, key: str, digits: int = 2) -> Column:
+    """A number (a ratio, fps) with ``digits`` decimals."""
+    return Column(header, key, f'{{:.{digits}f}}')
+
+
+def milliseconds(header: str = 'ms', digits: int = 2) -> Column:
+    """The best time of a row (``best_s``) in milliseconds."""
+    return Column(header, 'best_s', lambda v: f'{v * 1e3:.{digits}f}')
+
+
+# The error of a failed measurement (its other cells are ``-``).
+ERROR = Column('error', lambda r: r.get('error', '')[:80], left=True)
+
+
 def write_text(path: str, text: str) -> None:
     """``text`` to ``path``, atomically."""
     def write(tmp):

@@ -37,7 +37,7 @@ from .graphs import (add_compile_options, compile_options, graph_breaks,
                      reset_compiler)
 from .measure import peak_memory, summarize, tensor_bytes, time_interleaved
 from .record import device_name, document, finish, save
-from .report import Column, format_table
+from .report import ERROR, Column, Table, fixed
 from .segmentors import (attention_variants, build, inference_step,
                          load_config, random_images, training_step)
 from .workloads import (HEADS, SEGMENTOR_CONFIGS, SEGMENTOR_WORKLOADS,
@@ -199,19 +199,15 @@ COLUMNS = [
     Column('torch.compile', lambda r: 'yes' if r['mode'] == 'compiled'
            else 'no', left=True),
     Column('Device', 'device', left=True),
-    Column('fps', 'fps', '{:.2f}'),
+    fixed('fps', 'fps'),
     Column('Mem (GB)', 'mem_bytes', lambda v: f'{v / 1e9:.2f}'),
-    Column('fps / SDPA', 'fps_vs_sdpa', '{:.2f}'),
-    Column('compiled / eager', 'compiled_speedup', '{:.2f}'),
-    Column('error', lambda r: r.get('error', '')[:60], left=True),
+    fixed('fps / SDPA', 'fps_vs_sdpa'),
+    fixed('compiled / eager', 'compiled_speedup'),
+    ERROR,
 ]
-
-
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown, notes=[
-        'fps: images / s (best of the repeats; training: images of the '
-        'batch per iteration); Mem (GB): weights, buffers and optimizer '
-        'state plus the peak the step allocates; fps / SDPA: over the '
-        'SDPA twin in the same mode; compiled / eager: fps over the same '
-        "model's eager fps"
-    ])
+table = Table(COLUMNS, notes=[
+    'fps: images / s (best of the repeats; training: images of the batch '
+    'per iteration); Mem (GB): weights, buffers and optimizer state plus '
+    'the peak the step allocates; fps / SDPA: over the SDPA twin in the same '
+    "mode; compiled / eager: fps over the same model's eager fps"
+])

@@ -25,16 +25,15 @@ import torch
 import torch.nn.functional as F
 
 from mmseg_mita.ops import mita_attention
-from .cli import UsageError
+from .cli import LOW_PRECISION, UsageError, gpu_defaults
 from .measure import run_timed, summarize, synchronize
 from .models import Transformer1d
 from .record import document, finish, save
-from .report import Column, format_table
+from .report import ERROR, Column, Table, fixed, milliseconds
 from .workloads import THROUGHPUT_TOKENS, positive_int
 
-COMMON = dict(device='cuda', dtype='bfloat16', repeats=5, time_budget=20.0,
-              threads=0, seed=0)
-DTYPES = ('float32', 'float16', 'bfloat16')
+COMMON = gpu_defaults(repeats=5, time_budget=20.0)
+DTYPES = LOW_PRECISION
 
 
 def parse_mk(value: str):
@@ -173,15 +172,12 @@ COLUMNS = [
     Column('method', 'method', left=True),
     Column('m', 'm'),
     Column('k', 'k'),
-    Column('ms', 'best_s', lambda v: f'{v * 1e3:.2f}'),
+    milliseconds(),
     Column('tokens/s', 'tokens_per_s', '{:.0f}'),
-    Column('x SDPA', 'speedup_vs_sdpa', '{:.1f}'),
-    Column('error', lambda r: r.get('error', '')[:80], left=True),
+    fixed('x SDPA', 'speedup_vs_sdpa', 1),
+    ERROR,
 ]
-
-
-def table(doc: dict, markdown: bool) -> str:
-    return format_table(doc['rows'], COLUMNS, markdown, notes=[
-        'x SDPA = full-attention time / method time at the same N (best '
-        'run; batch 1, inference)'
-    ])
+table = Table(COLUMNS, notes=[
+    'x SDPA = full-attention time / method time at the same N (best run; '
+    'batch 1, inference)'
+])

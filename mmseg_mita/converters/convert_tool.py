@@ -35,7 +35,6 @@ def _literal(value):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog='tools/convert_vit.py',
         description=__doc__.split('\n\n')[0].replace('\n', ' '))
     parser.add_argument('src', help='source checkpoint')
     parser.add_argument('dst', help='converted checkpoint to write')
