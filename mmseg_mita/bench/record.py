@@ -6,7 +6,7 @@ Every subcommand writes (``--json PATH``) one JSON document::
      "settings": {...}, "rows": [{...}, ...], ...}
 
 ``machine``: what it ran on (CPU model, cores, load average, torch threads;
-the GPU's name when the device is one); ``versions``: Python and every
+the GPU's name if there is one); ``versions``: Python and every
 package of the stack that is installed (read from the installed
 distributions, nothing is imported); ``settings``: the command line and
 every option after parsing; ``rows``: the measurements, one flat dict
@@ -33,29 +33,34 @@ PACKAGES = ('mmseg_mita', 'torch', 'triton', 'numpy', 'mmcv', 'mmengine',
             'matplotlib')
 
 
-def machine(device: Optional[torch.device] = None) -> Dict[str, object]:
-    """What the numbers are measured on."""
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else its architecture."""
     try:
         with open('/proc/cpuinfo') as f:
-            cpu = next(line.split(':', 1)[1].strip() for line in f
-                       if line.startswith('model name'))
+            return next(line.split(':', 1)[1].strip() for line in f
+                        if line.startswith('model name'))
     except (OSError, StopIteration):
-        pass
+        return platform.processor() or platform.machine()
+
+
+def machine(device: Optional[torch.device] = None) -> Dict[str, object]:
+    """What the numbers are measured on."""
     cores = (len(os.sched_getaffinity(0))
              if hasattr(os, 'sched_getaffinity') else os.cpu_count())
-    info = dict(cpu=cpu, cores=cores, load_average=load_average(),
+    info = dict(cpu=cpu_model(), cores=cores, load_average=load_average(),
                 torch_threads=torch.get_num_threads())
-    if device is not None and device.type == 'cuda':
-        info['gpu'] = torch.cuda.get_device_name(device)
+    if torch.cuda.is_available():  # the GPU measured, else the first
+        cuda = device is not None and device.type == 'cuda'
+        info['gpu'] = torch.cuda.get_device_name(device if cuda else 0)
     return info
 
 
 def device_name(device: torch.device) -> str:
-    """The device as a table names it: the GPU's name, or ``cpu``."""
+    """The device as a table names it: the GPU's name, or the CPU's with
+    the threads torch uses."""
     if device.type == 'cuda':
         return torch.cuda.get_device_name(device)
-    return device.type
+    return f'{cpu_model()}, {torch.get_num_threads()} threads'
 
 
 def versions() -> Dict[str, str]:

@@ -10,6 +10,7 @@ pytest.importorskip('mmseg')
 from mmseg_mita.bench import segmentor  # noqa: E402
 from mmseg_mita.bench.cli import main  # noqa: E402
 from mmseg_mita.bench.measure import tensor_bytes  # noqa: E402
+from mmseg_mita.bench.record import cpu_model  # noqa: E402
 
 CBT = ['--heads', 'cbt', '--scale-down', '16', '--repeats', '1',
        '--compile-backend', 'eager', '--cfg-options',
@@ -52,13 +53,14 @@ def cbt_run(tmp_path_factory):
 def test_every_workload_attention_and_mode_is_measured(cbt_run):
     doc, _, markdown = cbt_run
     rows = doc['rows']
+    device = f'{cpu_model()}, {torch.get_num_threads()} threads'
     assert [(r['workload'], r['attention'], r['mode']) for r in rows] == [
         (w, a, m) for w in ('ade20k-512', 'cityscapes-slide',
                             'ade20k-512-train') for a in ('mita', 'sdpa')
         for m in ('eager', 'compiled')]
     for r in rows:
         assert 'error' not in r, r['error']
-        assert r['device'] == 'cpu' and r['fps'] == pytest.approx(
+        assert r['device'] == device and r['fps'] == pytest.approx(
             r['batch'] / r['best_s'])
         assert r['mem_bytes'] == r['kept_bytes'] + r['peak_step_bytes']
         assert r['peak_step_bytes'] > 0
@@ -71,7 +73,7 @@ def test_every_workload_attention_and_mode_is_measured(cbt_run):
     # one table row per measurement, each naming its device
     lines = [line for line in markdown.splitlines() if line.startswith(
         '| CBT ')]
-    assert len(lines) == len(rows) and all('| cpu |' in line
+    assert len(lines) == len(rows) and all(f'| {device} |' in line
                                             for line in lines)
     assert '| 64x128 (slide 64x64, stride 48x48) | inference |' in markdown
 
