@@ -44,8 +44,8 @@ from mmseg_mita.utils import write_json
 from .record import machine, versions
 from .report import write_text
 from .targets import evaluate, format_targets
+from .workloads import ROOT
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 RESERVE_S = 15  # for targets.json and the summary
 BENCH = [sys.executable, '-m', 'mmseg_mita.bench']
 PYTEST = [sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-v',
@@ -176,7 +176,7 @@ def run_parts(suite: Suite, s: dict) -> None:
     # eager and CUDA-graph measurements first (cheap; their JSON written
     # as they go, so a part cut short keeps what it measured)
     suite.run('op_shapes', 90, BENCH + ['op-shapes'] + common + [
-        '--backends', *s['backends'], '--graph', 'cudagraph',
+        '--backends', *s['backends'], '--modes', 'eager', 'cudagraph',
         *s['op_shapes'], *json_at('op_shapes')])
     suite.run('encoder', 100, BENCH + ['encoder'] + common + [
         '--backends', *s['backends'], '--modes', 'eager', *s['encoder'],
@@ -200,7 +200,7 @@ def run_parts(suite: Suite, s: dict) -> None:
     # measurement once their --max-seconds are spent (a margin for one
     # compile before the part's limit)
     suite.run('op_shapes_compile', 120, BENCH + ['op-shapes'] + common + [
-        '--backends', *s['backends'], '--graph', 'compile', '--max-seconds',
+        '--backends', *s['backends'], '--modes', 'compiled', '--max-seconds',
         suite.budget(120, 40), *s['op_shapes'], *json_at('op_shapes_compile')])
     suite.run('encoder_compiled', 400, BENCH + ['encoder'] + common + [
         '--backends', *s['compile_backends'], '--modes', 'compiled',

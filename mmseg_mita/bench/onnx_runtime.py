@@ -27,8 +27,7 @@ from .cli import UsageError
 from .measure import summarize, time_interleaved
 from .record import document, finish
 from .report import Column, Table, fixed, milliseconds
-from .segmentors import ROOT
-from .workloads import image_size
+from .workloads import ROOT, image_size
 
 COMMON = dict(repeats=5, time_budget=60.0, threads=2, seed=0)
 CONFIGS = [

@@ -8,12 +8,13 @@ heads): 1025:12 is ViT-S at 512 x 512 with 2 images, 1025:96 with 16,
 head at 4096 x 4096; head_dim 64, m = k = 49 by default.
 
 Every method (``sdpa``, ``mita_<backend>`` for each of ``--backends``)
-runs ``eager`` and in each ``--graph`` mode: ``compile``
-(``torch.compile(mode=--compile-mode)`` of the attention call; dynamo's
-graph breaks counted) and ``cudagraph`` (the whole forward+backward
-recorded in one ``torch.cuda.CUDAGraph`` and replayed; CUDA only, and not
-for a call that reads device values on the host). A mode that fails is
-recorded with its error. A graph mode is checked against eager on fresh
+runs in each of ``--modes``: ``eager`` (always: the others are checked
+against it), ``compiled`` (``torch.compile(mode=--compile-mode)`` of the
+attention call; dynamo's graph breaks counted) and ``cudagraph`` (the
+whole forward+backward recorded in one ``torch.cuda.CUDAGraph`` and
+replayed; CUDA only, and not for a call that reads device values on the
+host). A mode that fails is recorded with its error. A graph mode is
+checked against eager on fresh
 inputs (``rel_err_vs_eager``: the largest relative error of the output
 and the three gradients). Times are per call: a timed run repeats the step
 for ``--min-run-ms`` (launch-bound calls), runs of all methods and modes
@@ -43,7 +44,7 @@ from .workloads import (OP_SHAPES, batch_heads, check_grid, op_shape,
 
 COMMON = gpu_defaults(repeats=10, time_budget=2.0)
 DTYPES = LOW_PRECISION
-GRAPH_MODES = ('compile', 'cudagraph')
+MODES = ('eager', 'compiled', 'cudagraph')
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,9 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=[op_shape(s) for s in OP_SHAPES],
                         metavar='N:BH', help=f'default: {" ".join(OP_SHAPES)}')
     parser.add_argument('--backends', nargs='+', default=['torch', 'triton'])
-    parser.add_argument('--graph', nargs='*', default=list(GRAPH_MODES),
-                        choices=GRAPH_MODES,
-                        help='graph-captured modes measured besides eager')
+    parser.add_argument('--modes', nargs='+', default=list(MODES),
+                        choices=MODES, help='eager is measured in any case')
     add_compile_options(parser)
     parser.add_argument('--heads', type=positive_int, default=6)
     parser.add_argument('--head-dim', type=positive_int, default=64)
@@ -85,7 +85,7 @@ def prepare(mode: str, attend, inputs, grad, args, device):
         run = forward_backward(attend, inputs, grad)
         run()
         return run, {}
-    if mode == 'compile':
+    if mode == 'compiled':
         before = graph_breaks()
         run = forward_backward(
             compiled(attend, args.compile_mode, args.compile_backend),
@@ -134,7 +134,7 @@ def measure_shape(n: int, bh: int, args, device) -> list:
     rows, runs = {}, {}
     for method, attend in attends(args, hw).items():
         eager = None
-        for mode in ['eager'] + list(args.graph):
+        for mode in ['eager'] + [m for m in args.modes if m != 'eager']:
             row = rows[(method, mode)] = dict(
                 tokens=n, bh=bh, batch=batch, heads=heads, grid=list(hw),
                 head_dim=args.head_dim, m=args.pool_size**2, k=args.topk,

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from mmengine.config import Config
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .workloads import ROOT
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:

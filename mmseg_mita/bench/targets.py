@@ -14,7 +14,7 @@ workloads of :mod:`.workloads` (op shapes, encoder settings, 1-D lengths).
 Rules:
 
 * op targets: speed-up = the best SDPA time (over its modes) / the best
-  MiTA time over backends and modes (eager, compile, cudagraph) at that
+  MiTA time over backends and modes (eager, compiled, cudagraph) at that
   N x BH, forward+backward. A backend whose CUDA tests failed is left out,
   and so is a graph-captured mode whose result differs from eager by more
   than ``GRAPH_TOLERANCE`` (relative).

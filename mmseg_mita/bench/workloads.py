@@ -12,9 +12,13 @@ embedding (patches rounded up, as mmseg's ``AdaptivePadding`` pads).
 """
 import argparse
 import math
+import os.path as osp
 from typing import NamedTuple, Optional, Tuple
 
 from .cli import UsageError
+
+# The repository: the configs below are relative to it.
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 # ``op``: tokens of ViT-S at 512 x 512, 640 x 640, 1024 x 1024, 2048 x 2048
 # and 4096 x 4096 (16 x 16 patches, one cls token).

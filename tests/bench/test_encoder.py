@@ -86,16 +86,16 @@ def test_op_shapes_records_a_failed_mode_and_the_others(tmp_path):
     path = tmp_path / 'o.json'
     main(['op-shapes', '--device', 'cpu', '--dtype', 'float32', '--shapes',
           '17:2', '--head-dim', '8', '--pool-size', '2', '--topk', '3',
-          '--backends', 'torch', '--graph', 'cudagraph', 'compile',
+          '--backends', 'torch', '--modes', 'cudagraph', 'compiled',
           '--compile-backend', 'eager', '--repeats', '1', '--min-run-ms',
           '0', '--json', str(path)])
     rows = {(r['method'], r['mode']): r
             for r in json.loads(path.read_text())['rows']}
     assert set(rows) == {(m, g) for m in ('sdpa', 'mita_torch')
-                         for g in ('eager', 'cudagraph', 'compile')}
+                         for g in ('eager', 'cudagraph', 'compiled')}
     assert rows[('mita_torch', 'eager')]['grid'] == [4, 4]
     assert rows[('mita_torch', 'eager')]['speedup_vs_sdpa'] > 0
     assert 'CUDA' in rows[('mita_torch', 'cudagraph')]['error']
-    compiled = rows[('mita_torch', 'compile')]
+    compiled = rows[('mita_torch', 'compiled')]
     assert compiled['graph_breaks'] == 0
     assert compiled['rel_err_vs_eager'] < 1e-5

@@ -45,7 +45,7 @@ def run_dir(tmp_path):
                best_s=1e-4, rel_err_vs_eager=0.5))))
     # A second op file (the compile run) adds a mode at 4097 x 12.
     _write(tmp_path / 'op_shapes_compile_cuda_bfloat16.json',
-           _op(4097, 12, 6e-4, mita_torch=dict(compile=1e-4)))
+           _op(4097, 12, 6e-4, mita_torch=dict(compiled=1e-4)))
     _write(tmp_path / 'throughput_1d_cuda_bfloat16.json', [
         dict(tokens=65536, method='sdpa', m=None, speedup_vs_sdpa=1.0),
         dict(tokens=65536, method='mita_torch', m=49, speedup_vs_sdpa=2.0),
@@ -71,7 +71,7 @@ def test_targets_met_unmet_and_missing(run_dir):
     assert rows['op_fwd_bwd_1025x96']['measured'] == pytest.approx(0.5)
     assert rows['op_fwd_bwd_1025x96']['met'] is False
     assert rows['op_fwd_bwd_4097x12']['measured'] == pytest.approx(6.0)
-    assert 'compile' in rows['op_fwd_bwd_4097x12']['detail']
+    assert 'compiled' in rows['op_fwd_bwd_4097x12']['detail']
     assert rows['op_fwd_bwd_65537x1']['measured'] == pytest.approx(3.0)
     assert rows['throughput_1d_64k']['measured'] == pytest.approx(20.0)
     assert rows['throughput_1d_64k']['met'] is True
