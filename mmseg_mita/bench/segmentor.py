@@ -118,6 +118,7 @@ def measure_workload(name, head, args, device) -> list:
                 crop=workload.crop, stride=workload.stride, config=config,
                 attention=attention, mode=mode, device=device_name(device))
             try:
+                torch.manual_seed(args.seed)  # the same weights per twin
                 model = build(variants[attention], device)
                 step, notes = _prepare(model, variants[attention], workload,
                                        mode, args, device)
