@@ -1,10 +1,11 @@
 """The command line of ``python -m mmseg_mita.bench SUBCOMMAND [options]``.
 
 :data:`SUBCOMMANDS` maps each subcommand to its module in this package. A
-module holds a one-line docstring (its help, read from the source without
-importing it), ``add_arguments(parser)``, ``run(args) -> int`` (the exit
-status) and, optionally, ``COMMON``: the options of :func:`add_common`
-it takes, with its defaults (``DTYPES``: the ``--dtype`` it accepts), and
+module holds a docstring whose first paragraph, one sentence, is its help
+(read from the source without importing the module),
+``add_arguments(parser)``, ``run(args) -> int`` (the exit status) and,
+optionally, ``COMMON``: the options of :func:`add_common` it takes, with
+its defaults (``DTYPES``: the ``--dtype`` it accepts), and
 ``plot(document, path)`` (then it takes ``--plot``). ``--json`` and
 ``--markdown`` are everyone's. A module is imported only when its
 subcommand runs: ``--help`` and the operator's subcommands never import
@@ -52,14 +53,15 @@ def _path(name: str) -> str:
 
 
 def summary(name: str) -> str:
-    """The first line of a subcommand's module docstring."""
+    """The first sentence of a subcommand's module docstring (its first
+    paragraph, on one line)."""
     path = _path(name)
     if not osp.isfile(path):
         return (f'(not in this installation: mmseg_mita/bench/'
                 f'{SUBCOMMANDS[name]}.py)')
     with open(path) as f:
         doc = ast.get_docstring(ast.parse(f.read())) or ''
-    return doc.split('\n')[0]
+    return ' '.join(doc.split('\n\n')[0].split())
 
 
 def load(name: str):
