@@ -35,6 +35,14 @@ leaves the CUDA code path as mmengine wrote it.
   accelerator, although its ``autocast`` supports the CPU (bfloat16). On
   CPU it autocasts to bfloat16 without loss scaling: bfloat16 has the
   exponent range of float32, so gradients do not underflow.
+* ``compile=True``. mmengine 0.10.7 compiles ``model.train_step``,
+  which holds the optimizer step: dynamo fails inside torch's AdamW
+  (``InternalTorchDynamoError: 'UserDefinedDictVariable' object has no
+  attribute 'items'``) for every config. The runner now compiles the
+  network instead (:func:`mmseg_mita.models.compile.compile_network`: the
+  forward of the backbone, neck and heads) and leaves the data samples,
+  losses and optimizer step eager; ``compile=dict(...)`` passes its
+  options to ``torch.compile`` (an option it does not take is an error).
 * Datasets. A missing image folder surfaces as a bare ``FileNotFoundError``
   from ``os.scandir``, and an empty one makes ``InfiniteSampler`` loop
   forever on zero indices. mmseg's datasets now fail at construction,
@@ -50,10 +58,12 @@ import torch.distributed as dist
 from mmengine.device import get_device
 from mmengine.dist import utils as dist_utils
 from mmengine.logging import print_log
-from mmengine.model import MMDistributedDataParallel
+from mmengine.model import MMDistributedDataParallel, is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
+from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from mmseg_mita.models.compile import compile_network, compile_options
 from mmseg_mita.safe_load import load_checkpoint
 
 _PATCHED = '_mmseg_mita_patched'
@@ -176,6 +186,33 @@ def allow_cpu_amp() -> None:
     _patch(AmpOptimWrapper, '__init__', _cpu_amp)
 
 
+# --- torch.compile ---------------------------------------------------------
+
+
+def _network_compiled(maybe_compile):
+    """``Runner._maybe_compile('train_step')`` compiling the network's
+    forward instead of the training step (other targets unchanged)."""
+
+    def wrapper(self, target):
+        cfg = self.cfg.get('compile', None)
+        if target != 'train_step' or cfg is None or cfg is False:
+            return maybe_compile(self, target)
+        options = compile_options(cfg)
+        model = self.model.module if is_model_wrapper(
+            self.model) else self.model
+        names = compile_network(model, **options)
+        self.logger.info(
+            f'compile: torch.compile({options or ""}) of the forward of '
+            f'{", ".join(names)}; data samples, losses and the optimizer '
+            'step stay eager. The first iterations compile (slow).')
+
+    return wrapper
+
+
+def compile_network_only() -> None:
+    _patch(Runner, '_maybe_compile', _network_compiled)
+
+
 # --- datasets --------------------------------------------------------------
 
 
@@ -218,4 +255,5 @@ def apply() -> None:
     allow_mmengine_checkpoints()
     allow_cpu_distributed()
     allow_cpu_amp()
+    compile_network_only()
     check_seg_datasets()

@@ -20,6 +20,9 @@ once:
 * mmengine's ``_init_dist_pytorch`` / ``_init_dist_slurm``,
   ``MMDistributedDataParallel.__init__`` and ``AmpOptimWrapper.__init__``:
   wrapped to work without CUDA (the CUDA path is unchanged);
+* mmengine's ``Runner._maybe_compile``: ``compile=True`` compiles the
+  network's forward, not the training step with its optimizer (which
+  dynamo cannot trace);
 * mmseg's ``BaseSegDataset.load_data_list``: wrapped to name a missing or
   empty data folder.
 

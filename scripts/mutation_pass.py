@@ -27,8 +27,12 @@ BACKEND_TEST = ['tests/ops/test_backends.py', 'tests/ops/test_variants.py']
 TRITON = 'mmseg_mita/ops/triton_backend.py'
 ROUTING = 'mmseg_mita/ops/routing.py'
 ROUTING_TEST = ['tests/ops/test_routing.py']
-TARGETS = 'mmseg_mita/benchmarks/targets.py'
-TARGETS_TEST = ['tests/benchmarks/test_targets.py']
+TARGETS = 'mmseg_mita/bench/targets.py'
+TARGETS_TEST = ['tests/bench/test_targets.py']
+COMPILE = 'mmseg_mita/models/compile.py'
+COMPILE_TEST = 'tests/models/test_compile.py::'
+SEGMENTOR = 'mmseg_mita/bench/segmentor.py'
+SEGMENTOR_TEST = 'tests/bench/test_segmentor.py::'
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 TRITON_TEST = ['tests/ops/test_triton_backend.py']
@@ -211,7 +215,8 @@ MUTATIONS = [
      'agree = reference.argmax(1) == logits.argmax(1)',
      'agree = reference.argmax(0) == logits.argmax(0)',
      [EXPORT_TEST + 'test_compare_logits_counts_pixels_of_the_same_class']),
-    ('export tool: --min-agreement ignored', 'tools/export_onnx.py',
+    ('export tool: --min-agreement ignored',
+     'mmseg_mita/deploy/export_tool.py',
      'within_tolerance(result, args.atol, args.min_agreement)',
      'within_tolerance(result, args.atol, 0)',
      [EXPORT_TEST + 'test_tool_fails_on_swapped_classes']),
@@ -271,10 +276,44 @@ MUTATIONS = [
     ('GPU targets: encoder time ratio met when above the bound', TARGETS,
      'met=ratio <= bound', 'met=ratio >= bound', TARGETS_TEST),
     ('benchmark encoder: patch grid handed to attention as (W, H)',
-     'mmseg_mita/benchmarks/encoder.py',
+     'mmseg_mita/bench/models.py',
      'attend_hw = functools.partial(attend, hw=hw)',
      'attend_hw = functools.partial(attend, hw=hw[::-1])',
-     ['tests/benchmarks/test_encoder.py']),
+     ['tests/bench/test_encoder.py']),
+    ('compile=True compiling the training step with its optimizer again',
+     'mmseg_mita/compat.py',
+     "if target != 'train_step' or cfg is None or cfg is False:",
+     'if True:', [COMPILE_TEST + 'test_compiled_training_equals_eager']),
+    ('compile: the decode head left eager', COMPILE,
+     "NOT_NETWORK = ('data_preprocessor', )",
+     "NOT_NETWORK = ('data_preprocessor', 'decode_head')",
+     [COMPILE_TEST + 'test_the_network_parts_are_compiled_not_the_data_'
+      'preprocessor']),
+    ('compile: an option torch.compile does not take accepted', COMPILE,
+     '    if unknown:', '    if False:',
+     [COMPILE_TEST + 'test_compile_options_of_the_config_value']),
+    ('bench segmentor: the sliding window never set', SEGMENTOR,
+     "    if workload.kind == 'slide':", '    if False:',
+     [SEGMENTOR_TEST + 'test_sliding_window_runs_the_backbone_once_per_'
+      'window']),
+    ("bench segmentor: the optimizer's state left out of Mem", SEGMENTOR,
+     'kept += [t for s in state for t in s.values()]', 'kept += []',
+     [SEGMENTOR_TEST + 'test_memory_counts_the_weights_and_the_optimizer_'
+      'state']),
+    ('bench segmentor: fps over SDPA inverted', SEGMENTOR,
+     "r['fps_vs_sdpa'] = r['fps'] / sdpa", "r['fps_vs_sdpa'] = sdpa / r['fps']",
+     [SEGMENTOR_TEST + 'test_ratios_are_over_sdpa_and_over_eager']),
+    ('bench: patch grid as (W, H)', 'mmseg_mita/bench/workloads.py',
+     'return h, patches // h', 'return patches // h, h',
+     ['tests/bench/test_workloads.py']),
+    ('bench CLI: a common option added where not declared',
+     'mmseg_mita/bench/cli.py', "if 'repeats' in common:", 'if True:',
+     ['tests/bench/test_cli.py']),
+    ('bench gpu suite: a part that did not pass not failing the suite',
+     'mmseg_mita/bench/gpu.py',
+     "return 0 if all(p[1] == 'pass' for p in suite.parts) else 1",
+     'return 0', ['tests/bench/test_gpu.py::test_gpu_check_without_time_'
+                  'records_skipped_parts']),
     ('Triton pooling bins end at floor (no overlap)', TRITON,
      'return (bi * hgt // ph, ((bi + 1) * hgt + ph - 1) // ph,',
      'return (bi * hgt // ph, (bi + 1) * hgt // ph,', TRITON_TEST),

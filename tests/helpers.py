@@ -8,8 +8,7 @@ import subprocess
 import sys
 import zipfile
 
-from make_demo_data import CLASSES
-from run_demo import majority_class_miou
+from mmseg_mita.datasets.demo_data import CLASSES, majority_class_miou
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'

@@ -17,10 +17,10 @@ import torch
 from mmseg.models.backbones import VisionTransformer
 
 import mmseg_mita.mmseg_plugin  # noqa: F401  (mmengine's loader)
-from convert_vit import main as convert_main
 from helpers import flip_bit_in_tensor
 from mmseg_mita.converters import (convert, convert_file, read_checkpoint,
                                    write_checkpoint)
+from mmseg_mita.converters.convert_tool import main as convert_main
 from mmseg_mita.converters.settings import resolve_heads
 from mmseg_mita.models import MiTAViT
 

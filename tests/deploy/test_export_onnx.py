@@ -202,7 +202,7 @@ def test_export_from_checkpoint(tmp_path):
 
 
 def test_tool_reports_and_fails_above_tolerance(tmp_path, capsys):
-    from export_onnx import main  # tools/ is on sys.path (conftest)
+    from mmseg_mita.deploy.export_tool import main
     out = tmp_path / 'demo.onnx'
     args = [osp.join(ROOT, DEMO), '--shape', '96', '96', '--out', str(out)]
     assert main(args + ['--dynamic', '--check-shape', '104', '136']) == 0
@@ -252,14 +252,12 @@ def test_tool_fails_on_swapped_classes(tmp_path, capsys, monkeypatch):
     # ONNX Runtime's logits replaced by the same logits with the class axis
     # rolled by one (every pixel's class changes): any --atol passes them,
     # the class agreement must not.
-    from export_onnx import main  # tools/ is on sys.path (conftest)
-
-    import mmseg_mita.deploy as deploy
-    run = deploy.run_onnxruntime
-    monkeypatch.setattr(deploy, 'run_onnxruntime',
+    from mmseg_mita.deploy import export_tool
+    run = export_tool.run_onnxruntime
+    monkeypatch.setattr(export_tool, 'run_onnxruntime',
                         lambda *args: np.roll(run(*args), 1, axis=1))
     out = tmp_path / 'demo.onnx'
-    assert main([osp.join(ROOT, DEMO_FULL), '--shape', '32', '32', '--out',
-                 str(out), '--atol', '1e9']) == 1
+    assert export_tool.main([osp.join(ROOT, DEMO_FULL), '--shape', '32',
+                             '32', '--out', str(out), '--atol', '1e9']) == 1
     log = capsys.readouterr().out
     assert 'FAILED' in log and 'same class on 0.000% of pixels' in log
