@@ -4,9 +4,10 @@ without one.
 :func:`compile_call` runs the backend's own launch code, the custom ops
 ``mmseg_mita::mita_triton_fwd`` and, through autograd,
 ``mmseg_mita::mita_triton_bwd`` (the Python implementations, ``_forward``
-and ``_backward``; the entry :func:`~mmseg_mita.ops.triton_backend.mita_triton`
-adds only the dtype cast and an autocast guard, which do not run on ``meta``
-tensors), on ``meta`` tensors, with a stand-in Triton driver
+and ``_backward``; the entry
+:func:`~mmseg_mita.ops.triton_backend.mita_triton` adds only the dtype cast
+and an autocast guard, which do not run on ``meta`` tensors), on ``meta``
+tensors, with a stand-in Triton driver
 (:class:`StubDriver`) whose current target is ``GPUTarget('cuda', arch,
 32)``. Each ``kernel[grid](...)`` then goes through triton's own
 ``JITFunction.run``: the same argument specialisation, constexprs,
@@ -16,8 +17,8 @@ identical compiles hit it), and at the launch the stand-in records it
 instead: grid, launch arguments, num_warps, num_stages, shared memory, and
 from the cubin (``cuobjdump`` of the wheel) registers, stack and the SASS
 (:mod:`.sass`), with the compile time. ATen ops of the call that launch
-work (:class:`~mmseg_mita.benchmarks.launches.LaunchCounter`'s rule: not
-views, allocations or metadata) are recorded too, with their shapes.
+work (:class:`~.launch_counter.LaunchCounter`'s rule: not views,
+allocations or metadata) are recorded too, with their shapes.
 
 Inside :func:`compiling_for` triton's active driver, every JIT function's
 per-device cache (so that a compile for one target never serves another),
@@ -52,8 +53,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from mmseg_mita.benchmarks.launches import LaunchCounter
 from . import hardware, sass
+from .launch_counter import LaunchCounter
 
 DTYPES = dict(bfloat16=torch.bfloat16, float16=torch.float16,
               float32=torch.float32)
@@ -327,7 +328,7 @@ def compile_call(arch: int, shape: CallShape, dtype: str,
     docstring), in call order, each tagged ``stage`` 'forward' or
     'backward'."""
     from mmseg_mita.ops import triton_backend
-    from mmseg_mita.ops.experts import pooled_tokens
+    from mmseg_mita.ops.plan import pooled_tokens
     if triton_backend.interpreted():
         raise RuntimeError('triton was imported with TRITON_INTERPRET=1: '
                            'use compile_isolated (a process without it)')
