@@ -44,6 +44,13 @@ def test_unknown_name_lists_near_matches():
         config_path('no-such-config')
 
 
+def test_missing_config_folder_is_named(tmp_path, monkeypatch):
+    from mmseg_mita import config_files
+    monkeypatch.setattr(config_files, 'LEAF_DIR', str(tmp_path / 'gone'))
+    with pytest.raises(FileNotFoundError, match='configs are missing'):
+        config_path(DEMO)
+
+
 @pytest.mark.parametrize('name', [None, 3, ['a']])
 def test_name_must_be_a_string(name):
     with pytest.raises(ValueError, match='name must be a config name'):
