@@ -1,10 +1,8 @@
 import os.path as osp
-import sys
 
 import pytest
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
 
 
 @pytest.fixture(scope='session')
@@ -15,7 +13,7 @@ def repo_root():
 @pytest.fixture(scope='session')
 def demo_data(tmp_path_factory):
     """A small demo dataset in ADE20K's layout, shared by the session."""
-    from make_demo_data import make_dataset
+    from mmseg_mita.datasets.demo_data import make_dataset
     out = str(tmp_path_factory.mktemp('data') / 'demo_ade')
     make_dataset(out, num_train=16, num_val=4, size=96, seed=0)
     return out

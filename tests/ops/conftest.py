@@ -16,7 +16,7 @@ import torch
 from mita_testing import plain_varlen_attention
 
 from mmseg_mita.ops import REGISTRY
-from mmseg_mita.ops.backends import ALL_DTYPES
+from mmseg_mita.ops.declaration import ALL_DTYPES
 
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')

@@ -1,7 +1,7 @@
 """The Triton kernels compile for a CUDA GPU without one.
 
 Triton's ahead-of-time compiler (with the ptxas bundled in the triton wheel)
-builds the six kernels for sm_90 (the H200 of ``tools/gpu_check.sh``) with
+builds the six kernels for sm_90 (the H200 of the GPU suite) with
 the block sizes the backend picks on CUDA, and their shared memory must fit
 the 227 KiB of an sm_90 block. This checks what the interpreter does not:
 types, layouts, ``tl.dot`` shapes and resources. It runs in a subprocess:
