@@ -32,16 +32,17 @@ setup(
         ['.mim/configs/**/*.py', '.mim/configs/**/*.md',
          '.mim/configs/**/*.yaml']
     },
-    # runs tested on 3.11; the package compiles on 3.8 and 3.9
-    python_requires='>=3.8',
+    # torch 2.13 has wheels for 3.10 and newer; runs tested on 3.11
+    python_requires='>=3.10',
     install_requires=[
         # Bring your own build (CUDA or CPU); scripts/setup.sh installs a
-        # CPU build where none is present. 2.4: torch.library.custom_op,
-        # register_fake / register_autograd, torch.get_autocast_dtype.
-        # The operator's tests pass on 2.4.0 but for torch.compile
-        # (right on 2.13); the triton backend needs triton >= 3.3. The
-        # whole suite: 2.13.0; the CUDA tests: 2.11 (docs/install.md).
-        'torch>=2.4',
+        # CPU build where none is present. 2.13: the checkpoint loader
+        # (mmseg_mita/safe_load) calls PyTorchFileReader.get_record_size,
+        # new in 2.13.0. The operator alone needs 2.4
+        # (torch.library.custom_op, torch.get_autocast_dtype); the triton
+        # backend triton >= 3.3. The whole suite: 2.13.0; older releases:
+        # docs/install.md.
+        'torch>=2.13',
         'mmengine>=0.10.0,<0.11',
         # mmseg 1.2.2 imports mmcv.ops (compiled) and asserts mmcv < 2.2.0.
         'mmcv==2.1.0',
