@@ -1,18 +1,48 @@
+import os.path as osp
+
 from setuptools import find_packages, setup
+
+ROOT = osp.dirname(osp.abspath(__file__))
+
+
+def read(*parts):
+    with open(osp.join(ROOT, *parts), encoding='utf-8') as f:
+        return f.read()
+
+
+def version():
+    """``__version__`` of mmseg_mita/version.py (without importing the
+    package, which needs torch)."""
+    namespace = {}
+    exec(read('mmseg_mita', 'version.py'), namespace)
+    return namespace['__version__']
+
 
 setup(
     name='mmseg_mita',
-    version='0.1.0',
+    version=version(),
     description='MiTA attention (mixture of top-k activations) for '
     'semantic segmentation in mmsegmentation',
-    long_description=open('README.md', encoding='utf-8').read(),
+    long_description=read('README.md'),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mmseg_mita', 'mmseg_mita.*']),
-    python_requires='>=3.8',
+    # configs/ (mmseg_mita/.mim/configs links to it): config_path(name)
+    package_data={
+        'mmseg_mita':
+        ['.mim/configs/**/*.py', '.mim/configs/**/*.md',
+         '.mim/configs/**/*.yaml']
+    },
+    # torch 2.13 has wheels for 3.10 and newer; runs tested on 3.11
+    python_requires='>=3.10',
     install_requires=[
         # Bring your own build (CUDA or CPU); scripts/setup.sh installs a
-        # CPU build where none is present.
-        'torch>=2.0',
+        # CPU build where none is present. 2.13: the checkpoint loader
+        # (mmseg_mita/safe_load) calls PyTorchFileReader.get_record_size,
+        # new in 2.13.0. The operator alone needs 2.4
+        # (torch.library.custom_op, torch.get_autocast_dtype); the triton
+        # backend triton >= 3.3. The whole suite: 2.13.0; older releases:
+        # docs/install.md.
+        'torch>=2.13',
         'mmengine>=0.10.0,<0.11',
         # mmseg 1.2.2 imports mmcv.ops (compiled) and asserts mmcv < 2.2.0.
         'mmcv==2.1.0',
@@ -33,4 +63,11 @@ setup(
         # 1.32.0 and numpy 1.26
         'deploy': ['onnx>=1.23', 'onnxruntime>=1.32'],
     },
+    classifiers=[
+        'Programming Language :: Python :: 3',
+        'Operating System :: POSIX :: Linux',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+        'Topic :: Scientific/Engineering :: Image Recognition',
+    ],
+    zip_safe=False,
 )

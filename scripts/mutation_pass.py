@@ -55,6 +55,8 @@ ALLOWED, ARCHIVE, ERRORS, LOADER, SCAN = (
 ATTACK_TEST = [
     'tests/test_safe_load.py::test_crafted_file_is_refused_everywhere'
 ]
+PACKAGING_TEST = ['tests/test_packaging.py']
+CONFIG_TEST = ['tests/test_config_files.py']
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
     ('MiTA layer residual from its normalised input', VIT,
@@ -373,6 +375,23 @@ MUTATIONS = [
      'mmseg_mita/bench/triton_aot.py',
      '            compiler.max_shared_mem = saved_limit\n', '',
      ['tests/ops/test_triton_compile.py::test_compiling_restores_triton']),
+    ('wheel without the configs\' sub-folders', 'setup.py',
+     "['.mim/configs/**/*.py', '.mim/configs/**/*.md',",
+     "['.mim/configs/*/*.py', '.mim/configs/**/*.md',", PACKAGING_TEST),
+    ('a torch minimum above the installed torch', 'setup.py',
+     "'torch>=2.13',", "'torch>=2.14',", PACKAGING_TEST),
+    ('wheel version not read from mmseg_mita/version.py', 'setup.py',
+     'version=version(),', "version='0.1.0',", PACKAGING_TEST),
+    ('the tools\' config argument never looked up by name',
+     'mmseg_mita/tools.py', '        argv[0] = resolve_config(argv[0])',
+     '        pass', PACKAGING_TEST),
+    ('config names listed with the other files of the folder',
+     'mmseg_mita/config_files.py',
+     "for f in os.listdir(LEAF_DIR) if f.endswith('.py'))",
+     'for f in os.listdir(LEAF_DIR))', CONFIG_TEST),
+    ('a missing path looked up as a config name', 'mmseg_mita/tools.py',
+     'if osp.isfile(arg) or osp.dirname(arg):', 'if osp.isfile(arg):',
+     CONFIG_TEST),
 ]
 
 

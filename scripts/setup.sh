@@ -37,7 +37,8 @@ command -v "$PY" >/dev/null 2>&1 ||
     fail "$PY not found; install Python 3.11 or set PYTHON=/path/to/python3"
 
 stamp() {
-    cat setup.py scripts/setup.sh "$CONSTRAINTS" | sha256sum | cut -d' ' -f1
+    cat setup.py pyproject.toml mmseg_mita/version.py scripts/setup.sh \
+        "$CONSTRAINTS" | sha256sum | cut -d' ' -f1
 }
 
 stack_ready() {
