@@ -90,6 +90,8 @@ except ImportError:  # pragma: no cover - very old triton
     InterpretedFunction = ()
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+# Below every key of _ranked: the empty places of a top-k list.
+LOWEST = tl.constexpr(-2**63)
 
 
 @triton.jit
@@ -165,14 +167,14 @@ def _bin_size(offs_l, hgt, wid, ph, pw):
 
 
 @triton.jit
-def _bins(offs_l, offs_p, hgt, wid, ph, pw):
-    """[L, P]: whether patch ``offs_p`` (row-major on the ``hgt x wid``
-    grid) lies in the bin of landmark ``offs_l``."""
-    r0, r1, c0, c1 = _bin_bounds(offs_l, hgt, wid, ph, pw)
-    r = (offs_p // wid)[None, :]
-    c = (offs_p % wid)[None, :]
-    return ((r0[:, None] <= r) & (r < r1[:, None]) & (c0[:, None] <= c)
-            & (c < c1[:, None]))
+def _first_bin(x, length, p):
+    """First of the (at most two, as ``p <= length``) adaptive bins of an
+    axis of ``length`` in ``p`` bins that hold coordinate ``x``: bin i holds
+    x iff ``floor(i L / p) <= x < ceil((i + 1) L / p)``, i.e. ``floor(x p /
+    L) <= i <= floor(((x + 1) p - 1) / L)``; and whether the next bin holds
+    it too."""
+    first = x * p // length
+    return first, first < ((x + 1) * p - 1) // length
 
 
 @triton.jit
@@ -190,12 +192,51 @@ def _online_softmax(m_i, l_i, acc, logits, values, PRECISION: tl.constexpr,
 
 
 @triton.jit
+def _ranked(x, index, mask):
+    """int64 keys ordered as the float32 ``x`` (NaN above +inf, as in
+    ``torch.topk``; -0.0 as 0.0), ties to the lower ``index`` (int32 >= 0):
+    the order-preserving bits of ``x`` above ``2**32 - 1 - index``;
+    :data:`LOWEST` where ``mask`` is off."""
+    bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True)
+    bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negatives: reversed
+    bits = tl.where(x != x, 0x7FFFFFFF, bits)
+    keys = (bits.to(tl.int64) << 32) | (4294967295 - index.to(tl.int64))
+    return tl.where(mask, keys, LOWEST)
+
+
+@triton.jit
+def _token_of(keys):
+    """The token index of keys of :func:`_ranked` (int64)."""
+    return 4294967295 - (keys & 4294967295)
+
+
+@triton.jit
+def _fold_topk(best, keys, K: tl.constexpr):
+    """The ``K`` largest of ``best`` (ascending along the last axis, ``K``
+    a power of two) and ``keys`` (any order, a power of two >= ``K`` along
+    the last axis), ascending: the elementwise max of an ascending and a
+    descending list holds the ``K`` largest of both as a bitonic sequence,
+    which one bitonic merge sorts."""
+    return tl.bitonic_merge(
+        tl.maximum(best, tl.topk(keys, K)), descending=False)
+
+
+@triton.jit
 def _probs(a, b, lse, pair_mask, scale, PRECISION: tl.constexpr,
            UPCAST: tl.constexpr):
     """Probabilities of the logits ``scale * a b^T`` (``scale`` in base 2),
     recomputed from the log-sum-exp of each row (0 where masked)."""
     logits = _dot(a, tl.trans(b), PRECISION, UPCAST)
     return tl.where(pair_mask, tl.exp2(logits * scale - lse[:, None]), 0.0)
+
+
+@triton.jit
+def _landmark_rows(g, offs, m, d, offs_d, d_mask):
+    """Offsets and mask of rows ``offs`` of group ``g`` in a contiguous
+    [G, m, d] tensor (landmarks, shared values and their gradients)."""
+    mask = offs < m
+    return ((g * m + offs).to(tl.int64)[:, None] * d + offs_d[None, :],
+            mask[:, None] & d_mask[None, :], mask)
 
 
 @triton.jit
@@ -220,33 +261,20 @@ def _score_grad(p, do, values, delta, PRECISION: tl.constexpr,
 
 
 @triton.jit
-def _landmark_rows(g, offs, m, d, offs_d, d_mask):
-    """Offsets and mask of rows ``offs`` of group ``g`` in a contiguous
-    [G, m, d] tensor (landmarks, shared values and their gradients)."""
-    mask = offs < m
-    return ((g * m + offs).to(tl.int64)[:, None] * d + offs_d[None, :],
-            mask[:, None] & d_mask[None, :], mask)
-
-
-@triton.jit
-def _block_queries(SLOTS, g, blk, slots_per_group, BLOCK: tl.constexpr):
-    """Queries of block ``blk`` of group ``g`` (int64, 0 where empty) and
-    their mask."""
-    offs = g.to(tl.int64) * slots_per_group + blk * BLOCK + tl.arange(0, BLOCK)
-    rows = tl.load(SLOTS + offs)
-    return tl.where(rows >= 0, rows, 0).to(tl.int64), rows >= 0
-
-
-@triton.jit
 def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-           num_blocks, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The block of this program (grid: group, block): its group, its expert
-    (-1 unused), its queries' rows and mask, the head-dim offsets and mask,
-    and the queries."""
+           num_blocks, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_D: tl.constexpr):
+    """The ``BLOCK_M`` slots of this program (grid: group, ``BLOCK_M``
+    slots; ``BLOCK_M`` divides the layout's ``BLOCK``): its group, its
+    expert (-1 unused), its queries' rows (int64, 0 where empty) and mask,
+    the head-dim offsets and mask, and the queries."""
     g = tl.program_id(0)
-    blk = tl.program_id(1)
-    expert = tl.load(BLOCK_EXPERT + g * num_blocks + blk)
-    rows, row_mask = _block_queries(SLOTS, g, blk, slots_per_group, BLOCK)
+    tile = tl.program_id(1)
+    expert = tl.load(BLOCK_EXPERT + g * num_blocks + tile * BLOCK_M // BLOCK)
+    rows = tl.load(SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M +
+                   tl.arange(0, BLOCK_M))
+    row_mask = rows >= 0
+    rows = tl.where(row_mask, rows, 0).to(tl.int64)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     q = _load_rows(Q + _group_base(g, heads, sqb, sqh), rows, row_mask, sqn,
                    offs_d, d_mask)
@@ -275,161 +303,278 @@ def _routed_keys(TOPK_E, k_base, v_base, n0, k, skn, svn, offs_d, d_mask,
 
 
 @triton.jit
+def _add(ptr, value, mask):
+    """``ptr += value`` (float32 atomics, relaxed: every sum is read by a
+    later launch, and a kernel boundary orders it)."""
+    tl.atomic_add(ptr, value, mask=mask, sem='relaxed')
+
+
+@triton.jit
 def _add_key_grads(DK, DV, offs, mask, ds, p, q, do, PRECISION: tl.constexpr,
                    UPCAST: tl.constexpr):
-    """Add ``dS^T q`` into ``DK`` and ``P^T dO`` into ``DV`` (float32
-    atomics) at ``offs``."""
-    tl.atomic_add(
-        DK + offs,
-        _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION, UPCAST),
-        mask=mask)
-    tl.atomic_add(
-        DV + offs,
-        _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION, UPCAST),
-        mask=mask)
+    """Add ``dS^T q`` into ``DK`` and ``P^T dO`` into ``DV`` at ``offs``."""
+    _add(DK + offs,
+         _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION, UPCAST),
+         mask)
+    _add(DV + offs,
+         _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION, UPCAST),
+         mask)
 
 
-@triton.jit(do_not_specialize=['n', 'hgt', 'wid', 'first'])
-def _landmarks_fwd(Q, K, V, R, VT, LSE_R, KEY_LOGITS, n, m, d, heads, first,
-                   hgt, wid, ph, pw, sqb, sqh, sqn, skb, skh, skn, svb, svh,
-                   svn, qk_scale, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
-    """Landmarks, key logits and shared values of ``BLOCK_L`` landmarks."""
+@triton.jit
+def _route(q, R, g, m, d, offs_d, d_mask, ROUTE_L: tl.constexpr,
+           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The expert of each query of ``q``: ``argmax_j q . R_j``, the first
+    index on ties, a NaN score taken as +inf (an all-NaN row: expert 0, as
+    ``torch.argmax``), over tiles of ``ROUTE_L`` landmarks."""
+    top = tl.full([q.shape[0]], -float('inf'), tl.float32)
+    expert = tl.zeros([q.shape[0]], tl.int32)
+    for l0 in range(0, m, ROUTE_L):
+        offs_l = l0 + tl.arange(0, ROUTE_L)
+        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
+                                                d_mask)
+        scores = _dot(q, tl.trans(tl.load(R + r_offs, mask=r_mask, other=0.0)),
+                      PRECISION, UPCAST)
+        scores = tl.where(scores != scores, float('inf'), scores)
+        scores = tl.where(l_mask[None, :], scores, -float('inf'))
+        tile_top, tile_expert = tl.max(scores, 1, return_indices=True)
+        wins = tile_top > top  # an earlier tile keeps a tie
+        expert = tl.where(wins, l0 + tile_expert, expert)
+        top = tl.where(wins, tile_top, top)
+    return expert
+
+
+@triton.jit(do_not_specialize=['hgt', 'wid', 'first'])
+def _pool(Q, R, m, d, heads, first, hgt, wid, ph, pw, sqb, sqh, sqn,
+          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """Landmark ``j`` of group ``g`` (grid: G, m): the mean of the patch
+    queries of its bin, ``BLOCK_P`` patches at a time."""
     g = tl.program_id(0)
-    l0 = tl.program_id(1) * BLOCK_L
-    offs_l = l0 + tl.arange(0, BLOCK_L)
+    j = tl.program_id(1)
+    r0, r1, c0, c1 = _bin_bounds(j, hgt, wid, ph, pw)
+    bin_wid = c1 - c0
+    size = (r1 - r0) * bin_wid
     offs_d, d_mask = _head_dim(d, BLOCK_D)
-    r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d, d_mask)
-    q_base = Q + _group_base(g, heads, sqb, sqh) + first * sqn
-    # Patch rows that this block's bins cover.
-    last = tl.minimum(l0 + BLOCK_L, m) - 1
-    p_start = (l0 // pw) * hgt // ph * wid
-    p_end = (((last // pw) + 1) * hgt + ph - 1) // ph * wid
-    pooled = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-    for p0 in range(p_start, p_end, BLOCK_N):
-        offs_p = p0 + tl.arange(0, BLOCK_N)
-        p_mask = offs_p < p_end
-        member = _bins(offs_l, offs_p, hgt, wid, ph, pw)
-        patches = _load_rows(q_base, offs_p.to(tl.int64), p_mask, sqn, offs_d,
-                             d_mask)
-        pooled += _dot(
-            _cast(member.to(tl.float32), patches.dtype, UPCAST), patches,
-            PRECISION, UPCAST)
-    size = tl.where(l_mask, _bin_size(offs_l, hgt, wid, ph, pw), 1)
-    marks = _cast(pooled / size[:, None], R.dtype.element_ty, UPCAST)
-    tl.store(R + r_offs, marks, mask=r_mask)
-
-    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
-    m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
-    l_i = tl.zeros([BLOCK_L], tl.float32)
-    acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-    for n0 in range(0, n, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < n
-        keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
-                          d_mask)
-        values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
-                            d_mask)
-        logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
-        tl.store(
-            KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-            offs_n[None, :],
-            logits,
-            mask=l_mask[:, None] & n_mask[None, :])
-        logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
-        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
-                                        PRECISION, UPCAST)
+    q_base = Q + _group_base(g, heads, sqb, sqh)
+    total = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+    for i0 in range(0, size, BLOCK_P):
+        offs_i = i0 + tl.arange(0, BLOCK_P)
+        rows = first + (r0 + offs_i // bin_wid) * wid + c0 + offs_i % bin_wid
+        total += _load_rows(q_base, rows.to(tl.int64), offs_i < size, sqn,
+                            offs_d, d_mask).to(tl.float32)
+    mark = tl.sum(total, 0) / size
     tl.store(
-        VT + r_offs,
-        _cast(acc / l_i[:, None], VT.dtype.element_ty, UPCAST),
-        mask=r_mask)
-    tl.store(LSE_R + g * m + offs_l, m_i + tl.log2(l_i), mask=l_mask)
+        R + (g * m + j).to(tl.int64) * d + offs_d,
+        _cast(mark, R.dtype.element_ty, UPCAST),
+        mask=d_mask)
 
 
-@triton.jit(do_not_specialize=['n', 'slots_per_group', 'num_blocks'])
-def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
-                    sqb, sqh, sqn, slots_per_group, num_blocks,
-                    ROUTE: tl.constexpr, BLOCK: tl.constexpr,
-                    CHUNK: tl.constexpr, M_PAD: tl.constexpr,
-                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    """Routing (``ROUTE``: argmax of ``q . R``; else the ids in ``GIVEN``)
-    and counting sort of the queries of one group into its blocks of
-    ``BLOCK`` slots, ``CHUNK`` queries (slots, blocks) at a time."""
+@triton.jit(do_not_specialize=['n', 'chunk'])
+def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
+          KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb, skh, skn,
+          svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
+          FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
+          BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+          ROUTE_L: tl.constexpr, M_PAD: tl.constexpr, K_PAD: tl.constexpr,
+          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
+    (grid: G, S): per landmark, the partial softmax of ``s R K^T`` over its
+    keys (output and log-sum-exp) and their top ``K_PAD`` (``FUSED_TOPK``;
+    ``STORE_LOGITS``: ``R K^T`` stored instead); then the expert of each of
+    its queries (``ROUTE``; else the ids in ``GIVEN``) and their count per
+    expert."""
     g = tl.program_id(0)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    start = split * chunk
+    end = tl.minimum(start + chunk, n)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
-    offs_e = tl.arange(0, M_PAD)
-    if ROUTE:
-        r_offs, r_mask, e_mask = _landmark_rows(g, offs_e, m, d, offs_d,
+    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
+    for l0 in range(0, m, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
                                                 d_mask)
         marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
-    q_base = Q + _group_base(g, heads, sqb, sqh)
-    group_slots = SLOTS + g.to(tl.int64) * slots_per_group
-    for s0 in range(0, slots_per_group, CHUNK):  # every slot empty first
-        offs_s = s0 + tl.arange(0, CHUNK)
+        m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
+        l_i = tl.zeros([BLOCK_L], tl.float32)
+        acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
+        best = tl.full([BLOCK_L, K_PAD], LOWEST, tl.int64)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < end
+            keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn,
+                              offs_d, d_mask)
+            values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn,
+                                offs_d, d_mask)
+            logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+            if FUSED_TOPK:
+                best = _fold_topk(
+                    best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
+                    K_PAD)
+            if STORE_LOGITS:
+                tl.store(
+                    KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
+                    offs_n[None, :],
+                    logits,
+                    mask=l_mask[:, None] & n_mask[None, :])
+            logits = tl.where(n_mask[None, :], logits * qk_scale,
+                              -float('inf'))
+            m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
+                                            PRECISION, UPCAST)
+        part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
         tl.store(
-            group_slots + offs_s,
-            tl.full([CHUNK], -1, tl.int32),
-            mask=offs_s < slots_per_group)
-    # Pass 1: the expert of every query, and the queries per expert.
+            PART_O + part[:, None] * d + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=r_mask)
+        tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
+        if FUSED_TOPK:
+            tl.store(
+                PART_TOP + part[:, None] * K_PAD +
+                tl.arange(0, K_PAD)[None, :],
+                best,
+                mask=l_mask[:, None])
+    q_base = Q + _group_base(g, heads, sqb, sqh)
     counts = tl.zeros([M_PAD], tl.int32)
-    for i0 in range(0, n, CHUNK):
-        offs_i = i0 + tl.arange(0, CHUNK)
-        i_mask = offs_i < n
+    for i0 in range(start, end, BLOCK_Q):
+        offs_i = i0 + tl.arange(0, BLOCK_Q)
+        i_mask = offs_i < end
         if ROUTE:
             q = _load_rows(q_base, offs_i.to(tl.int64), i_mask, sqn, offs_d,
                            d_mask)
-            scores = _dot(q, tl.trans(marks), PRECISION, UPCAST)
-            scores = tl.where(e_mask[None, :], scores, -float('inf'))
-            expert = tl.argmax(scores, 1)
+            expert = _route(q, R, g, m, d, offs_d, d_mask, ROUTE_L, PRECISION,
+                            UPCAST)
         else:
             expert = tl.load(GIVEN + g * n + offs_i, mask=i_mask, other=0)
-        tl.store(EXPERT + g * n + offs_i, expert.to(tl.int32), mask=i_mask)
-        one_hot = (expert[:, None] == offs_e[None, :]) & i_mask[:, None]
-        counts += tl.sum(one_hot.to(tl.int32), 0)
-    blocks = (counts + BLOCK - 1) // BLOCK
-    blocks_end = tl.cumsum(blocks, 0)
-    first_slot = (blocks_end - blocks) * BLOCK
-    for b0 in range(0, num_blocks, CHUNK):
-        offs_b = b0 + tl.arange(0, CHUNK)
-        owner = tl.sum((blocks_end[None, :] <= offs_b[:, None]).to(tl.int32),
-                       1)
+        # An index outside [0, m) (what a compiled argmax may give a row it
+        # cannot order) goes to expert 0: every query gets an output row.
+        expert = tl.where((expert >= 0) & (expert < m), expert, 0)
+        expert = expert.to(tl.int32)
+        tl.store(EXPERT + g * n + offs_i, expert, mask=i_mask)
+        counts += tl.histogram(expert, M_PAD, mask=i_mask)
+    tl.store(COUNTS + (g * splits + split) * M_PAD + tl.arange(0, M_PAD),
+             counts)
+
+
+@triton.jit
+def _mark_empty(ptr, start, end, BLOCK_I: tl.constexpr):
+    """``ptr[start:end] = -1`` (int32)."""
+    for i0 in range(start, end, BLOCK_I):
+        offs = i0 + tl.arange(0, BLOCK_I)
+        tl.store(ptr + offs, tl.full([BLOCK_I], -1, tl.int32), mask=offs < end)
+
+
+@triton.jit(do_not_specialize=[
+    'n', 'k', 'chunk', 'splits', 'slots_per_group', 'num_blocks'
+])
+def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
+           BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
+           num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
+           BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
+           M_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+           UPCAST: tl.constexpr):
+    """Expert ``e`` of group ``g`` (grid: G, m): its shared values and
+    log-sum-exp from the splits' partial softmaxes; its top-k keys from the
+    splits' lists (``FUSED_TOPK``); its blocks of the layout (first block:
+    the blocks of the experts before it, from the splits' counts) and its
+    queries in them, in token order; the last expert also marks the unused
+    blocks."""
+    g = tl.program_id(0)
+    e = tl.program_id(1)
+    row = g * m + e
+    part = row.to(tl.int64) * splits
+    offs_d, d_mask = _head_dim(d, BLOCK_D)
+    offs_s = tl.arange(0, BLOCK_S)
+    top = tl.full([BLOCK_S], -float('inf'), tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        lse = tl.load(PART_LSE + part + s0 + offs_s,
+                      mask=s0 + offs_s < splits, other=-float('inf'))
+        top = tl.maximum(top, lse)
+    top = tl.max(top, 0)
+    total = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        s_mask = s0 + offs_s < splits
+        weight = tl.exp2(
+            tl.load(PART_LSE + part + s0 + offs_s, mask=s_mask, other=0.0) -
+            top)
+        weight = tl.where(s_mask, weight, 0.0)
+        total += weight
+        acc += weight[:, None] * tl.load(
+            PART_O + (part + s0 + offs_s)[:, None] * d + offs_d[None, :],
+            mask=s_mask[:, None] & d_mask[None, :],
+            other=0.0)
+    total = tl.sum(total, 0)
+    tl.store(
+        VT + row.to(tl.int64) * d + offs_d,
+        _cast(tl.sum(acc, 0) / total, VT.dtype.element_ty, UPCAST),
+        mask=d_mask)
+    tl.store(LSE_R + row, top + tl.log2(total))
+
+    if FUSED_TOPK:
+        offs_k = tl.arange(0, K_PAD)
+        best = tl.full([K_PAD], LOWEST, tl.int64)
+        for s in range(0, splits):
+            best = _fold_topk(best, tl.load(PART_TOP + (part + s) * K_PAD +
+                                            offs_k), K_PAD)
+        # The k largest are the last k (ascending).
         tl.store(
-            BLOCK_EXPERT + g * num_blocks + offs_b,
-            tl.where(owner < m, owner, -1),
-            mask=offs_b < num_blocks)
-    tl.debug_barrier()  # pass 2 reads EXPERT and overwrites the -1 slots
-    # Pass 2: stable rank of each query among its expert's.
-    taken = tl.zeros([M_PAD], tl.int32)
-    for i0 in range(0, n, CHUNK):
-        offs_i = i0 + tl.arange(0, CHUNK)
-        i_mask = offs_i < n
-        expert = tl.load(EXPERT + g * n + offs_i, mask=i_mask, other=0)
-        one_hot = ((expert[:, None] == offs_e[None, :])
-                   & i_mask[:, None]).to(tl.int32)
-        rank = tl.cumsum(one_hot, 0) - one_hot  # earlier queries
-        slot = tl.sum(one_hot * (rank + (first_slot + taken)[None, :]), 1)
-        tl.store(group_slots + slot, offs_i, mask=i_mask)
-        taken += tl.sum(one_hot, 0)
+            TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
+            _token_of(best),
+            mask=offs_k >= K_PAD - k)
+
+    # Counting sort: blocks of the experts before e, then e's queries.
+    offs_e = tl.arange(0, M_PAD)
+    totals = tl.zeros([M_PAD], tl.int32)
+    for s in range(0, splits):
+        totals += tl.load(COUNTS + (g * splits + s) * M_PAD + offs_e)
+    blocks = (totals + BLOCK - 1) // BLOCK
+    first_block = tl.sum(tl.where(offs_e < e, blocks, 0), 0)
+    end_block = first_block + tl.sum(tl.where(offs_e == e, blocks, 0), 0)
+    group_blocks = BLOCK_EXPERT + g.to(tl.int64) * num_blocks
+    for b0 in range(first_block, end_block, BLOCK_I):
+        offs_b = b0 + tl.arange(0, BLOCK_I)
+        tl.store(group_blocks + offs_b,
+                 tl.zeros([BLOCK_I], tl.int32) + e,
+                 mask=offs_b < end_block)
+    group_slots = SLOTS + g.to(tl.int64) * slots_per_group
+    ids = EXPERT + g.to(tl.int64) * n
+    slot = first_block * BLOCK  # the next free slot
+    for s in range(0, splits):
+        if tl.load(COUNTS + (g * splits + s) * M_PAD + e) > 0:
+            end = tl.minimum(s * chunk + chunk, n)
+            for i0 in range(s * chunk, end, BLOCK_I):
+                offs_i = i0 + tl.arange(0, BLOCK_I)
+                hit = tl.load(ids + offs_i, mask=offs_i < end, other=-1) == e
+                hit = hit.to(tl.int32)
+                rank = tl.cumsum(hit, 0) - hit  # earlier queries of e
+                tl.store(group_slots + slot + rank, offs_i, mask=hit > 0)
+                slot += tl.sum(hit, 0)
+    _mark_empty(group_slots, slot, end_block * BLOCK, BLOCK_I)
+    if e == m - 1:  # the blocks no expert uses
+        used = tl.sum(blocks, 0)
+        _mark_empty(group_blocks, used, num_blocks, BLOCK_I)
+        _mark_empty(group_slots, used * BLOCK, slots_per_group, BLOCK_I)
 
 
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
 def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                  slots_per_group, num_blocks, qk_scale, rl_scale,
-                 BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """Output and log-sum-exp (base 2) of the queries of one block."""
+                 BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Output and log-sum-exp (base 2) of the queries of ``BLOCK_M``
+    slots."""
     g, expert, rows, row_mask, offs_d, d_mask, q = _block(
         Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-        num_blocks, BLOCK, BLOCK_D)
+        num_blocks, BLOCK, BLOCK_M, BLOCK_D)
     if expert < 0:
         return
-    m_i = tl.full([BLOCK], -float('inf'), tl.float32)
-    l_i = tl.zeros([BLOCK], tl.float32)
-    acc = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_M], -float('inf'), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # Compressed keys: logits s^2 q . R, values Vt.
     for n0 in range(0, m, BLOCK_N):
         marks, values, n_mask, _, _ = _compressed_keys(
@@ -462,15 +607,15 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                  slots_per_group, num_blocks, qk_scale, rl_scale, DO, DQ_ACC,
                  DK_ACC, DV_ACC, DR, DVT, sob, soh, son, scale,
-                 BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """Gradients through the expert attention of one block of queries:
+                 BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Gradients through the expert attention of ``BLOCK_M`` slots:
     ``dq`` (float32, stored), and ``dR``, ``dVt`` and the routed keys'
     ``dk``, ``dv`` (float32, added atomically)."""
     g, expert, rows, row_mask, offs_d, d_mask, q = _block(
         Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-        num_blocks, BLOCK, BLOCK_D)
+        num_blocks, BLOCK, BLOCK_M, BLOCK_D)
     if expert < 0:
         return
     do = _load_rows(DO + _group_base(g, heads, sob, soh), rows, row_mask, son,
@@ -480,7 +625,7 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     out = tl.load(OUT + o_offs, mask=o_mask, other=0.0)
     delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
     lse = tl.load(LSE + out_rows, mask=row_mask, other=0.0)
-    dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(0, m, BLOCK_N):
         marks, values, n_mask, r_offs, r_mask = _compressed_keys(
             R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
@@ -510,10 +655,12 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
 @triton.jit(do_not_specialize=['n'])
 def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
                 heads, skb, skh, skn, svb, svh, svn, qk_scale, scale,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """The shared expert's backward for ``BLOCK_N`` keys: ``dR`` (added
-    atomically), and the final ``dk``, ``dv`` of these keys."""
+                BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+                BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """The shared expert's backward for ``BLOCK_N`` keys (landmarks
+    ``BLOCK_L`` at a time): ``dR`` (added atomically), and the final
+    ``dk``, ``dv`` of these keys."""
     g = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < n
@@ -526,8 +673,8 @@ def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
         g.to(tl.int64) * n + offs_n, n_mask, d, offs_d, d_mask)
     dk = tl.load(DK_ACC + kv_offs, mask=kv_mask, other=0.0)
     dv = tl.load(DV_ACC + kv_offs, mask=kv_mask, other=0.0)
-    for l0 in range(0, m, BLOCK_N):
-        offs_l = l0 + tl.arange(0, BLOCK_N)
+    for l0 in range(0, m, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
         r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
                                                 d_mask)
         marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
@@ -540,10 +687,9 @@ def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
             1)
         dvt = _cast(dvt, values.dtype, UPCAST)
         ds = _score_grad(p, dvt, values, delta, PRECISION, UPCAST) * scale
-        tl.atomic_add(
-            DR + r_offs,
-            _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST),
-            mask=r_mask)
+        _add(DR + r_offs,
+             _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST),
+             r_mask)
         dk += _dot(
             _cast(tl.trans(ds), marks.dtype, UPCAST), marks, PRECISION, UPCAST)
         dv += _dot(
@@ -559,7 +705,8 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               UPCAST: tl.constexpr):
     """``dq`` of ``BLOCK_N`` tokens: the attention's part plus, for a patch,
-    ``dR / bin size`` of every bin holding it; written in its dtype."""
+    ``dR / bin size`` of each of the (at most 2 x 2) bins holding it;
+    written in its dtype."""
     g = tl.program_id(0)
     offs_t = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
@@ -567,17 +714,22 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
         g.to(tl.int64) * n + offs_t, offs_t < n, d, offs_d, d_mask)
     dq = tl.load(DQ_ACC + offs, mask=mask, other=0.0)
     patch = offs_t - first
-    is_patch = (patch >= 0) & (patch < hgt * wid)
-    for l0 in range(0, m, BLOCK_N):
-        offs_l = l0 + tl.arange(0, BLOCK_N)
-        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
-                                                d_mask)
-        member = _bins(offs_l, tl.where(is_patch, patch, 0), hgt, wid, ph, pw)
-        member = member & l_mask[:, None] & is_patch[None, :]
-        size = _bin_size(offs_l, hgt, wid, ph, pw).to(tl.float32)
-        weight = tl.where(member, 1.0 / size[:, None], 0.0)
-        grad_marks = tl.load(DR + r_offs, mask=r_mask, other=0.0)
-        dq += _dot(tl.trans(weight), grad_marks, 'ieee', False)
+    is_patch = (patch >= 0) & (patch < hgt * wid) & (offs_t < n)
+    patch = tl.where(is_patch, patch, 0)
+    bi, two_rows = _first_bin(patch // wid, hgt, ph)
+    bj, two_cols = _first_bin(patch % wid, wid, pw)
+    for di in tl.static_range(2):
+        for dj in tl.static_range(2):
+            held = is_patch
+            if di == 1:
+                held = held & two_rows
+            if dj == 1:
+                held = held & two_cols
+            j = (bi + di) * pw + bj + dj
+            size = tl.where(held, _bin_size(j, hgt, wid, ph, pw), 1)
+            r_offs, r_mask = _row_offsets(
+                (g * m + j).to(tl.int64), held, d, offs_d, d_mask)
+            dq += tl.load(DR + r_offs, mask=r_mask, other=0.0) / size[:, None]
     tl.store(DQ + offs, _cast(dq, DQ.dtype.element_ty, UPCAST), mask=mask)
 
 
@@ -585,39 +737,82 @@ def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-class _Config:
-    """Block sizes and launch settings for one call (from shapes only)."""
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
-    def __init__(self, n: int, m: int, d: int, dtype: torch.dtype,
-                 interpreted: bool):
+
+# A fused top-k keeps a sorted list per landmark: a bitonic sort of every
+# tile of R K^T, (log2 K)(log2 K + 1) / 2 compare-exchange steps per logit.
+# Up to K = 64 that costs less than writing R K^T (float32) for
+# torch.topk's passes; larger k: R K^T is stored and torch.topk selects.
+TOPK_FUSED_MAX = 64
+# Streaming multiprocessors of the GPUs the settings are tuned on (sm_80:
+# A100, sm_89: RTX 4090, sm_90: H100 / H200): the keys pass aims at two
+# waves of programs.
+_SMS = {80: 108, 89: 128, 90: 132}
+
+
+class _Config:
+    """Tiles and launch settings of one call: a function of the shapes
+    (tokens ``n``, landmarks ``m``, head_dim ``d``, routed keys ``k``,
+    ``groups``), the dtype and the target ``arch`` (the compute capability
+    the kernels are compiled for, e.g. 90; None: the interpreter's small
+    tiles)."""
+
+    def __init__(self, n: int, m: int, d: int, k: int, groups: int,
+                 dtype: torch.dtype, arch: Optional[int]):
+        self.k = k
         self.block_d = max(16, _next_pow2(d))
         self.m_pad = max(16, _next_pow2(m))
-        self.block_l = 16  # landmarks per program of _landmarks_fwd
-        if interpreted:  # small blocks: the interpreter runs them in numpy
-            self.block, self.block_n, self.sort_chunk = 16, 16, 32
-        else:
-            # Blocks no larger than the mean expert (N / m queries). float32
-            # (exact IEEE products, no tensor cores: the accurate path, not
-            # the fast one) uses 32: 64-wide IEEE dots take 3x the compile
-            # time.
-            largest = 32 if dtype == torch.float32 else 64
-            self.block = min(largest, max(16, _next_pow2(-(-n // m))))
-            self.block_n = min(64 if self.block_d <= 64 else 32, largest)
-            # _route_and_sort is one program per group: large chunks.
-            self.sort_chunk = 256
-        self.num_warps = 4 if self.block_d <= 64 else 8
+        self.k_pad = max(16, _next_pow2(k))
+        self.fused_topk = self.k_pad <= TOPK_FUSED_MAX
         # float32: exact products (tf32 would lose 3 decimal digits).
         self.precision = 'ieee' if dtype == torch.float32 else 'tf32'
-        self.upcast = interpreted and dtype == torch.bfloat16
+        self.upcast = interpreted() and dtype == torch.bfloat16
+        self.options = {}
+        if arch is None:  # small blocks: the interpreter runs them in numpy
+            self.block = self.block_m = self.block_m_bwd = 16
+            self.block_n = self.keys_n = self.route_l = self.block_p = 16
+            self.block_q = self.block_s = self.shared_n = self.pool_n = 16
+            self.block_i = 32
+        else:
+            self._gpu_tiles(n, m, dtype, arch)
+        self.block_l = 16  # landmarks per tile of the keys pass
+        if self.fused_topk:  # a top-k fold needs at least K_PAD keys
+            self.keys_n = max(self.keys_n, self.k_pad)
+        # Splits of the keys pass: two waves of programs over the groups,
+        # at least two key tiles each.
+        waves = 2 * _SMS.get(arch, 132)
+        self.chunk = max(
+            2 * self.keys_n,
+            _cdiv(_cdiv(n, _cdiv(waves, groups)), self.keys_n) * self.keys_n)
+        self.splits = _cdiv(n, self.chunk)
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
-    def kwargs(self) -> dict:
-        kwargs = dict(
-            BLOCK_D=self.block_d, PRECISION=self.precision, UPCAST=self.upcast)
-        if not interpreted():
-            kwargs['num_warps'] = self.num_warps
-        return kwargs
+    def _gpu_tiles(self, n: int, m: int, dtype: torch.dtype, arch: int):
+        # Blocks no larger than the mean expert (N / m queries). float32
+        # (exact IEEE products, no tensor cores: the accurate path, not
+        # the fast one) uses 32: 64-wide IEEE dots take 3x the compile time.
+        largest = 32 if dtype == torch.float32 else 64
+        self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
+        self.block_m = self.block_m_bwd = self.block
+        self.block_n = min(64 if self.block_d <= 64 else 32, largest)
+        self.keys_n = self.shared_n = self.block_n
+        self.route_l = min(self.m_pad, 64)
+        self.block_q = self.block_p = self.pool_n = 64
+        self.block_s = 16
+        self.block_i = 256
+        warps = 4 if self.block_d <= 64 else 8
+        self.options = {
+            name: dict(num_warps=warps, num_stages=2)
+            for name in ('pool', 'keys', 'merge', 'experts_fwd',
+                         'experts_bwd', 'shared_bwd', 'pool_bwd')
+        }
+
+    def launch(self, kernel: str) -> dict:
+        """Launch options of ``kernel`` (none in the interpreter)."""
+        return {} if interpreted() else self.options[kernel]
 
 
 def interpreted() -> bool:
@@ -628,31 +823,25 @@ def interpreted() -> bool:
         isinstance(fn, InterpretedFunction) for fn in (_experts_fwd, tl.zeros))
 
 
+def _target_arch() -> Optional[int]:
+    """The compute capability the kernels compile for, from triton's active
+    driver (what a real launch compiles for, and what an ahead-of-time
+    check stubs); 0 for a non-CUDA target; None in the interpreter."""
+    if interpreted():
+        return None
+    arch = triton.runtime.driver.active.get_current_target().arch
+    return arch if isinstance(arch, int) else 0
+
+
+def _config(q: Tensor, m: int, k: int) -> _Config:
+    """The :class:`_Config` of a call on ``q`` [B, heads, N, d]."""
+    b, heads, n, d = q.shape
+    return _Config(n, m, d, min(k, n), b * heads, q.dtype, _target_arch())
+
+
 def _strides(t: Tensor) -> Tuple[int, int, int]:
     """Batch, head and token strides of a [B, heads, N, d] tensor."""
     return t.stride(0), t.stride(1), t.stride(2)
-
-
-def route_and_sort(q: Tensor,
-                   landmarks: Tensor,
-                   cfg: _Config,
-                   expert: Optional[Tensor] = None):
-    """Launch ``_route_and_sort``: the expert of every query [G, N] (int32;
-    routed by ``q . R``, or ``expert`` [G, N] when given), ``slots``
-    [G, cfg.slots] (query of each slot, -1 empty) and ``block_expert``
-    [G, cfg.num_blocks] (expert of each block, -1 unused), int32."""
-    b, heads, n, d = q.shape
-    g, m = b * heads, landmarks.shape[1]
-    ids = torch.empty(g, n, device=q.device, dtype=torch.int32)
-    slots = torch.empty(g, cfg.slots, device=q.device, dtype=torch.int32)
-    block_expert = torch.empty(
-        g, cfg.num_blocks, device=q.device, dtype=torch.int32)
-    _route_and_sort[(g, )](
-        q, landmarks, ids if expert is None else expert, ids, slots,
-        block_expert, n, m, d, heads, *_strides(q), cfg.slots,
-        cfg.num_blocks, ROUTE=expert is None, BLOCK=cfg.block,
-        CHUNK=cfg.sort_chunk, M_PAD=cfg.m_pad, **cfg.kwargs())
-    return ids, slots, block_expert
 
 
 def _block_args(q, k, v, marks, shared_values, topk_index, slots, block_expert,
@@ -674,29 +863,57 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     hgt, wid, first, ph, pw, topk = sizes
     b, heads, n, d = q.shape
     g, m = b * heads, ph * pw
-    cfg = _Config(n, m, d, q.dtype, interpreted())
-    scale = d**-0.5
+    cfg = _config(q, m, topk)
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    qk_scale = d**-0.5 * LOG2E.value
     marks = q.new_empty(g, m, d)
-    shared_values = torch.empty_like(marks)
-    lse_shared = q.new_empty(g, m, dtype=torch.float32)
-    key_logits = q.new_empty(g, m, n, dtype=torch.float32)
-    strides = (*_strides(q), *_strides(k), *_strides(v))
-    _landmarks_fwd[(g, triton.cdiv(m, cfg.block_l))](
-        q, k, v, marks, shared_values, lse_shared, key_logits, n, m, d, heads,
-        first, hgt, wid, ph, pw, *strides, scale * LOG2E.value,
-        BLOCK_L=cfg.block_l, BLOCK_N=cfg.block_n, **cfg.kwargs())
-    if topk_index is None:
-        topk_index = key_logits.topk(
-            min(topk, n), dim=-1, sorted=False).indices
-    else:  # given routing: an output must not alias an input
+    _pool[(g, m)](
+        q, marks, m, d, heads, first, hgt, wid, ph, pw, *_strides(q),
+        BLOCK_P=cfg.block_p, BLOCK_D=cfg.block_d, UPCAST=cfg.upcast,
+        **cfg.launch('pool'))
+    fused = cfg.fused_topk and topk_index is None
+    store_logits = not cfg.fused_topk and topk_index is None
+    ids = q.new_empty(g, n, dtype=i32)
+    counts = q.new_empty(g, cfg.splits, cfg.m_pad, dtype=i32)
+    part_o = q.new_empty(g, m, cfg.splits, d, dtype=f32)
+    part_lse = q.new_empty(g, m, cfg.splits, dtype=f32)
+    part_top = q.new_empty((g, m, cfg.splits, cfg.k_pad) if fused else (0, ),
+                           dtype=i64)
+    key_logits = q.new_empty((g, m, n) if store_logits else (0, ), dtype=f32)
+    _keys[(g, cfg.splits)](
+        q, k, v, marks, ids if expert is None else expert, ids, counts,
+        part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
+        *_strides(q), *_strides(k), *_strides(v), qk_scale,
+        ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
+        BLOCK_L=cfg.block_l, BLOCK_N=cfg.keys_n, BLOCK_Q=cfg.block_q,
+        ROUTE_L=cfg.route_l, M_PAD=cfg.m_pad, K_PAD=cfg.k_pad,
+        BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
+        **cfg.launch('keys'))
+    if topk_index is not None:  # given: an output must not alias an input
         topk_index = topk_index.clone(memory_format=torch.contiguous_format)
-    ids, slots, block_expert = route_and_sort(q, marks, cfg, expert)
+    elif store_logits:
+        topk_index = key_logits.topk(cfg.k, dim=-1, sorted=False).indices
+    else:
+        topk_index = q.new_empty(g, m, cfg.k, dtype=i64)
+    shared_values = torch.empty_like(marks)
+    lse_shared = q.new_empty(g, m, dtype=f32)
+    slots = q.new_empty(g, cfg.slots, dtype=i32)
+    block_expert = q.new_empty(g, cfg.num_blocks, dtype=i32)
+    _merge[(g, m)](
+        part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
+        topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
+        cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
+        BLOCK=cfg.block, BLOCK_S=cfg.block_s, BLOCK_I=cfg.block_i,
+        M_PAD=cfg.m_pad, K_PAD=cfg.k_pad, BLOCK_D=cfg.block_d,
+        UPCAST=cfg.upcast, **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)
-    lse = q.new_empty(g, n, dtype=torch.float32)
-    _experts_fwd[(g, cfg.num_blocks)](
+    lse = q.new_empty(g, n, dtype=f32)
+    _experts_fwd[(g, cfg.slots // cfg.block_m)](
         *_block_args(q, k, v, marks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
-        BLOCK=cfg.block, BLOCK_N=cfg.block_n, **cfg.kwargs())
+        BLOCK=cfg.block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
+        **cfg.launch('experts_fwd'))
     return (out, lse, marks, shared_values, lse_shared, topk_index, ids, slots,
             block_expert)
 
@@ -705,15 +922,14 @@ def _forward_fake(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes):
     hgt, wid, first, ph, pw, topk = sizes
     b, heads, n, d = q.shape
     g, m = b * heads, ph * pw
-    cfg = _Config(n, m, d, q.dtype, interpreted())
+    cfg = _config(q, m, topk)
     f32, i32 = torch.float32, torch.int32
     return (q.new_empty(b, heads, n, d), q.new_empty(g, n, dtype=f32),
-            q.new_empty(g, m, d), q.new_empty(g, m,
-                                              d), q.new_empty(g, m, dtype=f32),
-            q.new_empty(g, m, min(topk, n),
-                        dtype=torch.int64), q.new_empty(g, n, dtype=i32),
-            q.new_empty(g, cfg.slots,
-                        dtype=i32), q.new_empty(g, cfg.num_blocks, dtype=i32))
+            q.new_empty(g, m, d), q.new_empty(g, m, d),
+            q.new_empty(g, m, dtype=f32),
+            q.new_empty(g, m, cfg.k, dtype=torch.int64),
+            q.new_empty(g, n, dtype=i32), q.new_empty(g, cfg.slots, dtype=i32),
+            q.new_empty(g, cfg.num_blocks, dtype=i32))
 
 
 Outputs = Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
@@ -757,7 +973,7 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     g, m = landmarks.shape[:2]
     if grad_out.stride(-1) != 1:  # e.g. expanded by the backward of a sum
         grad_out = grad_out.contiguous()
-    cfg = _Config(n, m, d, q.dtype, interpreted())
+    cfg = _config(q, m, topk_index.shape[-1])
     scale = d**-0.5
     # Every float32 sum added into with atomics: one zero-filled buffer.
     sums = q.new_zeros(2 * g * (n + m) * d, dtype=torch.float32)
@@ -767,22 +983,23 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     dq, dk, dv = (
         torch.empty_like(t, memory_format=torch.contiguous_format)
         for t in (q, k, v))
-    kv_strides = (*_strides(k), *_strides(v))
-    _experts_bwd[(g, cfg.num_blocks)](
+    _experts_bwd[(g, cfg.slots // cfg.block_m_bwd)](
         *_block_args(q, k, v, landmarks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
         grad_out, dq_sum, dk_sum, dv_sum, d_marks, d_shared,
-        *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_N=cfg.block_n,
-        **cfg.kwargs())
-    _shared_bwd[(g, triton.cdiv(n, cfg.block_n))](
+        *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_M=cfg.block_m_bwd,
+        BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        UPCAST=cfg.upcast, **cfg.launch('experts_bwd'))
+    _shared_bwd[(g, triton.cdiv(n, cfg.shared_n))](
         k, v, landmarks, shared_values, lse_shared, d_marks, d_shared, dk_sum,
-        dv_sum, dk, dv, n, m, d, heads, *kv_strides, scale * LOG2E.value,
-        scale, BLOCK_N=cfg.block_n, **cfg.kwargs())
-    kwargs = cfg.kwargs()
-    del kwargs['PRECISION']
-    _pool_bwd[(g, triton.cdiv(n, cfg.block_n))](
+        dv_sum, dk, dv, n, m, d, heads, *_strides(k), *_strides(v),
+        scale * LOG2E.value, scale, BLOCK_N=cfg.shared_n,
+        BLOCK_L=cfg.block_l, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        UPCAST=cfg.upcast, **cfg.launch('shared_bwd'))
+    _pool_bwd[(g, triton.cdiv(n, cfg.pool_n))](
         dq_sum, d_marks, dq, n, m, d, first, hgt, wid, m // pw, pw,
-        BLOCK_N=cfg.block_n, **kwargs)
+        BLOCK_N=cfg.pool_n, BLOCK_D=cfg.block_d, UPCAST=cfg.upcast,
+        **cfg.launch('pool_bwd'))
     return dq, dk, dv
 
 
