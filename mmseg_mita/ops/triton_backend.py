@@ -322,15 +322,15 @@ def _add_key_grads(DK, DV, offs, mask, ds, p, q, do, PRECISION: tl.constexpr,
 
 
 @triton.jit
-def _route(q, R, g, m, d, offs_d, d_mask, ROUTE_L: tl.constexpr,
+def _route(q, R, g, m, d, offs_d, d_mask, E_TILE: tl.constexpr,
            PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The expert of each query of ``q``: ``argmax_j q . R_j``, the first
     index on ties, a NaN score taken as +inf (an all-NaN row: expert 0, as
-    ``torch.argmax``), over tiles of ``ROUTE_L`` landmarks."""
+    ``torch.argmax``), over tiles of ``E_TILE`` landmarks."""
     top = tl.full([q.shape[0]], -float('inf'), tl.float32)
     expert = tl.zeros([q.shape[0]], tl.int32)
-    for l0 in range(0, m, ROUTE_L):
-        offs_l = l0 + tl.arange(0, ROUTE_L)
+    for l0 in range(0, m, E_TILE):
+        offs_l = l0 + tl.arange(0, E_TILE)
         r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
                                                 d_mask)
         scores = _dot(q, tl.trans(tl.load(R + r_offs, mask=r_mask, other=0.0)),
@@ -376,7 +376,7 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
           svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
           FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
           BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
-          ROUTE_L: tl.constexpr, M_PAD: tl.constexpr, K_PAD: tl.constexpr,
+          E_TILE: tl.constexpr, M_PAD: tl.constexpr, K_PAD: tl.constexpr,
           BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
           UPCAST: tl.constexpr):
     """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
@@ -443,7 +443,7 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
         if ROUTE:
             q = _load_rows(q_base, offs_i.to(tl.int64), i_mask, sqn, offs_d,
                            d_mask)
-            expert = _route(q, R, g, m, d, offs_d, d_mask, ROUTE_L, PRECISION,
+            expert = _route(q, R, g, m, d, offs_d, d_mask, E_TILE, PRECISION,
                             UPCAST)
         else:
             expert = tl.load(GIVEN + g * n + offs_i, mask=i_mask, other=0)
@@ -458,39 +458,20 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
 
 
 @triton.jit
-def _mark_empty(ptr, start, end, BLOCK_I: tl.constexpr):
-    """``ptr[start:end] = -1`` (int32)."""
-    for i0 in range(start, end, BLOCK_I):
-        offs = i0 + tl.arange(0, BLOCK_I)
-        tl.store(ptr + offs, tl.full([BLOCK_I], -1, tl.int32), mask=offs < end)
-
-
-@triton.jit(do_not_specialize=[
-    'n', 'k', 'chunk', 'splits', 'slots_per_group', 'num_blocks'
-])
-def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
-           BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
-           num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
-           M_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-           UPCAST: tl.constexpr):
-    """Expert ``e`` of group ``g`` (grid: G, m): its shared values and
-    log-sum-exp from the splits' partial softmaxes; its top-k keys from the
-    splits' lists (``FUSED_TOPK``); its blocks of the layout (first block:
-    the blocks of the experts before it, from the splits' counts) and its
-    queries in them, in token order; the last expert also marks the unused
-    blocks."""
-    g = tl.program_id(0)
-    e = tl.program_id(1)
-    row = g * m + e
-    part = row.to(tl.int64) * splits
+def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
+                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """Shared values and log-sum-exp of landmark ``row`` (of [G, m]) from
+    the partial softmaxes of the splits (rows ``part ..`` of [G, m, S]),
+    each weighted by its share of the total sum."""
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     offs_s = tl.arange(0, BLOCK_S)
     top = tl.full([BLOCK_S], -float('inf'), tl.float32)
     for s0 in range(0, splits, BLOCK_S):
-        lse = tl.load(PART_LSE + part + s0 + offs_s,
-                      mask=s0 + offs_s < splits, other=-float('inf'))
-        top = tl.maximum(top, lse)
+        top = tl.maximum(
+            top,
+            tl.load(PART_LSE + part + s0 + offs_s,
+                    mask=s0 + offs_s < splits, other=-float('inf')))
     top = tl.max(top, 0)
     total = tl.zeros([BLOCK_S], tl.float32)
     acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
@@ -512,24 +493,50 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
         mask=d_mask)
     tl.store(LSE_R + row, top + tl.log2(total))
 
-    if FUSED_TOPK:
-        offs_k = tl.arange(0, K_PAD)
-        best = tl.full([K_PAD], LOWEST, tl.int64)
-        for s in range(0, splits):
-            best = _fold_topk(best, tl.load(PART_TOP + (part + s) * K_PAD +
-                                            offs_k), K_PAD)
-        # The k largest are the last k (ascending).
-        tl.store(
-            TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
-            _token_of(best),
-            mask=offs_k >= K_PAD - k)
 
-    # Counting sort: blocks of the experts before e, then e's queries.
+@triton.jit
+def _merged_topk(PART_TOP, TOPK, row, part, splits, k, K_PAD: tl.constexpr):
+    """The ``k`` largest keys of landmark ``row`` (token indices) from the
+    splits' lists (rows ``part ..`` of [G, m, S])."""
+    offs_k = tl.arange(0, K_PAD)
+    best = tl.full([K_PAD], LOWEST, tl.int64)
+    for s in range(0, splits):
+        best = _fold_topk(best, tl.load(PART_TOP + (part + s) * K_PAD + offs_k),
+                          K_PAD)
+    # The k largest are the last k (ascending).
+    tl.store(
+        TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
+        _token_of(best),
+        mask=offs_k >= K_PAD - k)
+
+
+@triton.jit
+def _fill(ptr, start, end, value, BLOCK_I: tl.constexpr):
+    """``ptr[start:end] = value`` (int32)."""
+    for i0 in range(start, end, BLOCK_I):
+        offs = i0 + tl.arange(0, BLOCK_I)
+        tl.store(ptr + offs, tl.full([BLOCK_I], value, tl.int32),
+                 mask=offs < end)
+
+
+@triton.jit
+def _blocks_of(counts, BLOCK: tl.constexpr):
+    """Blocks of ``BLOCK`` slots that experts of ``counts`` queries take."""
+    return (counts + BLOCK - 1) // BLOCK
+
+
+@triton.jit
+def _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, e, m, splits,
+                   slots_per_group, num_blocks, BLOCK: tl.constexpr,
+                   BLOCK_I: tl.constexpr, M_PAD: tl.constexpr):
+    """Expert ``e``'s blocks (after those of the experts before it) marked
+    ``e``, its slots past its queries -1; the last expert also marks the
+    blocks no expert uses."""
     offs_e = tl.arange(0, M_PAD)
     totals = tl.zeros([M_PAD], tl.int32)
     for s in range(0, splits):
         totals += tl.load(COUNTS + (g * splits + s) * M_PAD + offs_e)
-    blocks = (totals + BLOCK - 1) // BLOCK
+    blocks = _blocks_of(totals, BLOCK)
     first_block = tl.sum(tl.where(offs_e < e, blocks, 0), 0)
     end_block = first_block + tl.sum(tl.where(offs_e == e, blocks, 0), 0)
     group_blocks = BLOCK_EXPERT + g.to(tl.int64) * num_blocks
@@ -539,23 +546,78 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
                  tl.zeros([BLOCK_I], tl.int32) + e,
                  mask=offs_b < end_block)
     group_slots = SLOTS + g.to(tl.int64) * slots_per_group
-    ids = EXPERT + g.to(tl.int64) * n
-    slot = first_block * BLOCK  # the next free slot
-    for s in range(0, splits):
-        if tl.load(COUNTS + (g * splits + s) * M_PAD + e) > 0:
-            end = tl.minimum(s * chunk + chunk, n)
-            for i0 in range(s * chunk, end, BLOCK_I):
-                offs_i = i0 + tl.arange(0, BLOCK_I)
-                hit = tl.load(ids + offs_i, mask=offs_i < end, other=-1) == e
-                hit = hit.to(tl.int32)
-                rank = tl.cumsum(hit, 0) - hit  # earlier queries of e
-                tl.store(group_slots + slot + rank, offs_i, mask=hit > 0)
-                slot += tl.sum(hit, 0)
-    _mark_empty(group_slots, slot, end_block * BLOCK, BLOCK_I)
-    if e == m - 1:  # the blocks no expert uses
+    count = tl.sum(tl.where(offs_e == e, totals, 0), 0)
+    _fill(group_slots, first_block * BLOCK + count, end_block * BLOCK, -1,
+          BLOCK_I)
+    if e == m - 1:
         used = tl.sum(blocks, 0)
-        _mark_empty(group_blocks, used, num_blocks, BLOCK_I)
-        _mark_empty(group_slots, used * BLOCK, slots_per_group, BLOCK_I)
+        _fill(group_blocks, used, num_blocks, -1, BLOCK_I)
+        _fill(group_slots, used * BLOCK, slots_per_group, -1, BLOCK_I)
+
+
+@triton.jit
+def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
+                 slots_per_group, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+                 E_TILE: tl.constexpr, M_PAD: tl.constexpr):
+    """The queries of split ``split`` written to their slots: an expert's
+    queries fill its blocks in token order, so a query's slot is its
+    expert's first slot, plus its expert's queries in earlier splits, plus
+    its rank among them in this split (experts ``E_TILE`` at a time)."""
+    start = split * chunk
+    end = tl.minimum(start + chunk, n)
+    group_slots = SLOTS + g.to(tl.int64) * slots_per_group
+    ids = EXPERT + g.to(tl.int64) * n
+    first_block = 0  # of the expert tile
+    for e0 in range(0, m, E_TILE):
+        offs_e = e0 + tl.arange(0, E_TILE)
+        e_mask = offs_e < m
+        totals = tl.zeros([E_TILE], tl.int32)
+        earlier = tl.zeros([E_TILE], tl.int32)
+        for s in range(0, splits):
+            counts = tl.load(COUNTS + (g * splits + s) * M_PAD + offs_e,
+                             mask=e_mask, other=0)
+            totals += counts
+            earlier += tl.where(s < split, counts, 0)
+        blocks = _blocks_of(totals, BLOCK)
+        slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier
+        first_block += tl.sum(blocks, 0)
+        for i0 in range(start, end, BLOCK_I):
+            offs_i = i0 + tl.arange(0, BLOCK_I)
+            expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1)
+            hit = (expert[:, None] == offs_e[None, :]).to(tl.int32)
+            rank = tl.cumsum(hit, 0) - hit  # earlier queries of the expert
+            tl.store(group_slots + tl.sum(hit * (rank + slot[None, :]), 1),
+                     offs_i, mask=tl.sum(hit, 1) > 0)
+            slot += tl.sum(hit, 0)
+
+
+@triton.jit(do_not_specialize=[
+    'n', 'k', 'chunk', 'splits', 'slots_per_group', 'num_blocks'
+])
+def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
+           BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
+           num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
+           BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
+           E_TILE: tl.constexpr, M_PAD: tl.constexpr, K_PAD: tl.constexpr,
+           BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
+    ``p < m``, its shared values and log-sum-exp, its top-k keys
+    (``FUSED_TOPK``) and its blocks; for split ``p < S``, the slots of its
+    queries."""
+    g = tl.program_id(0)
+    p = tl.program_id(1)
+    if p < m:
+        row = g * m + p
+        part = row.to(tl.int64) * splits
+        _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
+                       BLOCK_S, BLOCK_D, UPCAST)
+        if FUSED_TOPK:
+            _merged_topk(PART_TOP, TOPK, row, part, splits, k, K_PAD)
+        _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
+                       slots_per_group, num_blocks, BLOCK, BLOCK_I, M_PAD)
+    if p < splits:
+        _split_slots(EXPERT, COUNTS, SLOTS, g, p, n, m, chunk, splits,
+                     slots_per_group, BLOCK, BLOCK_I, E_TILE, M_PAD)
 
 
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
@@ -752,6 +814,11 @@ TOPK_FUSED_MAX = 64
 _SMS = {80: 108, 89: 128, 90: 132}
 
 
+# The launches of a forward and a backward, in order.
+KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
+           'pool_bwd')
+
+
 class _Config:
     """Tiles and launch settings of one call: a function of the shapes
     (tokens ``n``, landmarks ``m``, head_dim ``d``, routed keys ``k``,
@@ -761,7 +828,7 @@ class _Config:
 
     def __init__(self, n: int, m: int, d: int, k: int, groups: int,
                  dtype: torch.dtype, arch: Optional[int]):
-        self.k = k
+        self.n, self.m, self.k, self.groups = n, m, k, groups
         self.block_d = max(16, _next_pow2(d))
         self.m_pad = max(16, _next_pow2(m))
         self.k_pad = max(16, _next_pow2(k))
@@ -772,9 +839,10 @@ class _Config:
         self.options = {}
         if arch is None:  # small blocks: the interpreter runs them in numpy
             self.block = self.block_m = self.block_m_bwd = 16
-            self.block_n = self.keys_n = self.route_l = self.block_p = 16
+            self.block_n = self.block_n_bwd = self.keys_n = 16
+            self.e_tile = self.block_p = 16
             self.block_q = self.block_s = self.shared_n = self.pool_n = 16
-            self.block_i = 32
+            self.block_i = 16
         else:
             self._gpu_tiles(n, m, dtype, arch)
         self.block_l = 16  # landmarks per tile of the keys pass
@@ -796,19 +864,41 @@ class _Config:
         # the fast one) uses 32: 64-wide IEEE dots take 3x the compile time.
         largest = 32 if dtype == torch.float32 else 64
         self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
-        self.block_m = self.block_m_bwd = self.block
+        self.block_m = self.block
+        self.block_m_bwd = min(self.block, 32)
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
-        self.keys_n = self.shared_n = self.block_n
-        self.route_l = min(self.m_pad, 64)
-        self.block_q = self.block_p = self.pool_n = 64
+        self.block_n_bwd = 32
+        self.keys_n = self.block_n
+        self.shared_n = self.pool_n = 32
+        self.e_tile = min(self.m_pad, 64)
+        self.block_q = self.block_p = 64
         self.block_s = 16
-        self.block_i = 256
+        self.block_i = 64
         warps = 4 if self.block_d <= 64 else 8
-        self.options = {
-            name: dict(num_warps=warps, num_stages=2)
-            for name in ('pool', 'keys', 'merge', 'experts_fwd',
-                         'experts_bwd', 'shared_bwd', 'pool_bwd')
-        }
+        # IEEE float32 dots run on CUDA cores: twice the threads.
+        wide = 8 if dtype == torch.float32 else warps
+        # sm_89 (and unknown targets): 99 KiB of shared memory per block.
+        stages = 3 if arch in (80, 90) else 2
+        self.options = dict(
+            pool=dict(num_warps=4, num_stages=1),
+            keys=dict(num_warps=wide, num_stages=stages),
+            merge=dict(num_warps=4, num_stages=1),
+            experts_fwd=dict(num_warps=warps, num_stages=stages),
+            experts_bwd=dict(num_warps=wide, num_stages=stages),
+            shared_bwd=dict(num_warps=wide, num_stages=stages),
+            pool_bwd=dict(num_warps=4, num_stages=1))
+
+    def grid(self, kernel: str) -> Tuple[int, int]:
+        """The grid of ``kernel`` (one of :data:`KERNELS`)."""
+        per_group = dict(
+            pool=self.m,
+            keys=self.splits,
+            merge=max(self.m, self.splits),
+            experts_fwd=self.slots // self.block_m,
+            experts_bwd=self.slots // self.block_m_bwd,
+            shared_bwd=_cdiv(self.n, self.shared_n),
+            pool_bwd=_cdiv(self.n, self.pool_n))
+        return self.groups, per_group[kernel]
 
     def launch(self, kernel: str) -> dict:
         """Launch options of ``kernel`` (none in the interpreter)."""
@@ -867,7 +957,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
     qk_scale = d**-0.5 * LOG2E.value
     marks = q.new_empty(g, m, d)
-    _pool[(g, m)](
+    _pool[cfg.grid('pool')](
         q, marks, m, d, heads, first, hgt, wid, ph, pw, *_strides(q),
         BLOCK_P=cfg.block_p, BLOCK_D=cfg.block_d, UPCAST=cfg.upcast,
         **cfg.launch('pool'))
@@ -880,13 +970,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     part_top = q.new_empty((g, m, cfg.splits, cfg.k_pad) if fused else (0, ),
                            dtype=i64)
     key_logits = q.new_empty((g, m, n) if store_logits else (0, ), dtype=f32)
-    _keys[(g, cfg.splits)](
+    _keys[cfg.grid('keys')](
         q, k, v, marks, ids if expert is None else expert, ids, counts,
         part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
         *_strides(q), *_strides(k), *_strides(v), qk_scale,
         ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
         BLOCK_L=cfg.block_l, BLOCK_N=cfg.keys_n, BLOCK_Q=cfg.block_q,
-        ROUTE_L=cfg.route_l, M_PAD=cfg.m_pad, K_PAD=cfg.k_pad,
+        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, K_PAD=cfg.k_pad,
         BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
         **cfg.launch('keys'))
     if topk_index is not None:  # given: an output must not alias an input
@@ -899,16 +989,16 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     lse_shared = q.new_empty(g, m, dtype=f32)
     slots = q.new_empty(g, cfg.slots, dtype=i32)
     block_expert = q.new_empty(g, cfg.num_blocks, dtype=i32)
-    _merge[(g, m)](
+    _merge[cfg.grid('merge')](
         part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
         topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
         cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
         BLOCK=cfg.block, BLOCK_S=cfg.block_s, BLOCK_I=cfg.block_i,
-        M_PAD=cfg.m_pad, K_PAD=cfg.k_pad, BLOCK_D=cfg.block_d,
+        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, K_PAD=cfg.k_pad, BLOCK_D=cfg.block_d,
         UPCAST=cfg.upcast, **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)
     lse = q.new_empty(g, n, dtype=f32)
-    _experts_fwd[(g, cfg.slots // cfg.block_m)](
+    _experts_fwd[cfg.grid('experts_fwd')](
         *_block_args(q, k, v, marks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
         BLOCK=cfg.block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -983,20 +1073,20 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     dq, dk, dv = (
         torch.empty_like(t, memory_format=torch.contiguous_format)
         for t in (q, k, v))
-    _experts_bwd[(g, cfg.slots // cfg.block_m_bwd)](
+    _experts_bwd[cfg.grid('experts_bwd')](
         *_block_args(q, k, v, landmarks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
         grad_out, dq_sum, dk_sum, dv_sum, d_marks, d_shared,
         *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_M=cfg.block_m_bwd,
-        BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        BLOCK_N=cfg.block_n_bwd, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
         UPCAST=cfg.upcast, **cfg.launch('experts_bwd'))
-    _shared_bwd[(g, triton.cdiv(n, cfg.shared_n))](
+    _shared_bwd[cfg.grid('shared_bwd')](
         k, v, landmarks, shared_values, lse_shared, d_marks, d_shared, dk_sum,
         dv_sum, dk, dv, n, m, d, heads, *_strides(k), *_strides(v),
         scale * LOG2E.value, scale, BLOCK_N=cfg.shared_n,
         BLOCK_L=cfg.block_l, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
         UPCAST=cfg.upcast, **cfg.launch('shared_bwd'))
-    _pool_bwd[(g, triton.cdiv(n, cfg.pool_n))](
+    _pool_bwd[cfg.grid('pool_bwd')](
         dq_sum, d_marks, dq, n, m, d, first, hgt, wid, m // pw, pw,
         BLOCK_N=cfg.pool_n, BLOCK_D=cfg.block_d, UPCAST=cfg.upcast,
         **cfg.launch('pool_bwd'))
