@@ -4,41 +4,54 @@
 Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
 :func:`~.naive.naive_mita`), the forward is FOUR launches:
 
-1. ``_landmarks_fwd``, one program per (group, ``BLOCK_L`` landmarks):
-   pools its landmarks ``R`` from the query grid (a 0/1 bin-membership
-   matrix times the patch queries, over the patch rows its bins touch,
-   divided by the bin size: PyTorch's adaptive bins, which may overlap),
-   then one pass over the keys: ``R K^T`` is stored (``key_logits``, for the
-   top-k) and an online softmax of ``s R K^T`` accumulates the shared values
-   ``Vt`` and their log-sum-exp (saved for the backward);
-2. ``torch.topk(key_logits, min(topk, N), sorted=False)`` (one ATen op);
-3. ``_route_and_sort``, one program per group: the routing argmax of
-   ``q . R`` (first index on ties) and a counting sort of the group's
-   queries by expert, ``CHUNK`` queries at a time: pass 1 routes and
-   counts, pass 2 ranks each query stably (cumsum of a one-hot
-   [CHUNK, M_PAD]). One program per group keeps the sort exact and free of
-   a second launch; its serial passes grow with N (the one cost that
-   does, at large N and few groups). Fixed-capacity layout: a
-   group has ``NB = N // BLOCK + min(m, N)`` blocks of ``BLOCK`` slots (an
-   expert with ``c`` queries takes ``ceil(c / BLOCK)`` consecutive blocks,
-   in expert order; ``sum ceil(c_e / BLOCK) <= N / BLOCK + #non-empty``);
+1. ``_pool``, grid (G, m): landmark ``j`` is the mean of the patch queries
+   of its bin (PyTorch's adaptive bins, which may overlap) -> ``R``;
+2. ``_keys``, grid (G, S): the tokens in ``S`` splits of ``chunk`` (about
+   two waves of programs over the groups, at least two key tiles each).
+   Split ``s`` streams its keys once per tile of 16 landmarks: ``R K^T``
+   feeds a partial online softmax of ``s R K^T`` (the split's output and
+   log-sum-exp, as in flash-decoding) and a running top-``K_PAD`` list per
+   landmark (int64 keys: the order-preserving bits of the float32 logit
+   above ``2^32 - 1 - token``, so ties go to the lower token and NaN ranks
+   above every number, as in ``torch.topk``; a key tile is folded in by one
+   ``tl.topk`` and one bitonic merge). Then it routes its own queries,
+   ``argmax_j q . R_j`` (the first index on ties; a NaN score counts as
+   +inf, so an all-NaN row goes to expert 0, as ``torch.argmax`` sends it;
+   an id outside ``[0, m)``, what a compiled argmax may return for a row it
+   cannot order, becomes 0: every query gets its output rows), and counts
+   them per expert;
+3. ``_merge``, grid (G, max(m, S)): program ``p < m`` merges expert ``p``'s
+   S partial softmaxes into its shared values ``Vt`` and their log-sum-exp
+   (saved for the backward) and its S top-k lists into its ``k`` keys, and
+   marks its blocks; program ``p < S`` writes the queries of split ``p``
+   to their slots, a stable counting sort: a query's slot is its expert's
+   first slot (after the blocks of the experts before it, from the splits'
+   counts), plus its expert's queries in earlier splits, plus its rank
+   among them in the split. Fixed-capacity layout: a group has
+   ``NB = N // BLOCK + min(m, N)`` blocks of ``BLOCK`` slots (an expert
+   with ``c`` queries takes ``ceil(c / BLOCK)`` consecutive blocks, in
+   expert order; ``sum ceil(c_e / BLOCK) <= N / BLOCK + #non-empty``);
    ``slots`` maps slot -> query (-1 empty), ``block_expert`` block ->
    expert (-1 unused);
-4. ``_experts_fwd``, one program per block: ONE online softmax (float32,
-   base 2) over the ``m`` compressed logits ``s^2 q . R`` (recomputed from
-   ``R``: cheaper than storing [G, N, m]) with values ``Vt`` and the
-   expert's ``k`` routed keys, read by index from K and V; writes the output
-   and its log-sum-exp.
+4. ``_experts_fwd``, one program per ``BLOCK_M`` slots (a part of one
+   block): ONE online softmax (float32, base 2) over the ``m`` compressed
+   logits ``s^2 q . R`` (recomputed from ``R``: cheaper than storing
+   [G, N, m]) with values ``Vt`` and the expert's ``k`` routed keys, read
+   by index from K and V; writes the output and its log-sum-exp.
+
+For ``k > 64`` (:data:`TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
+(float32 [G, m, N]) instead of the lists and ``torch.topk(min(topk, N),
+sorted=False)`` selects: 5 launches.
 
 Backward (flash-style: probabilities recomputed from the saved
 log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
 
-1. ``_experts_bwd``, one program per block: ``delta = rowsum(dO * O)``;
-   compressed keys: ``dq += s^2 dS R``, ``dR += s^2 dS^T q`` and
-   ``dVt += P^T dO`` (atomics; the probabilities are already in registers,
-   so ``dVt`` needs no second pass); routed keys: ``dq += s dS K``,
-   ``dk += s dS^T q``, ``dv += P^T dO`` (atomics: a key may be routed by
-   several experts, an expert span several blocks). ``dq`` (float32) is
+1. ``_experts_bwd``, one program per ``BLOCK_M`` slots: ``delta =
+   rowsum(dO * O)``; compressed keys: ``dq += s^2 dS R``, ``dR += s^2 dS^T
+   q`` and ``dVt += P^T dO`` (atomics; the probabilities are already in
+   registers, so ``dVt`` needs no second pass); routed keys: ``dq += s dS
+   K``, ``dk += s dS^T q``, ``dv += P^T dO`` (atomics: a key may be routed
+   by several experts, an expert span several blocks). ``dq`` (float32) is
    stored;
 2. ``_shared_bwd``, one program per (group, key block): the shared
    expert's backward from its saved log-sum-exp,
@@ -46,7 +59,18 @@ log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
    ``dk += s dS^T R``, ``dv += P^T dVt``; it owns its keys, so it adds the
    routed sums of step 1 and writes ``dk``, ``dv`` in their dtype;
 3. ``_pool_bwd``, one program per (group, token block): ``dq += dR / bin
-   size`` for every bin holding the patch query, written in its dtype.
+   size`` of each bin holding the patch query, gathered (a patch lies in at
+   most 2 x 2 bins, as the pool size is at most the grid), written in its
+   dtype.
+
+Every atomic is a relaxed float32 add whose sum a later launch reads (the
+kernel boundary orders it): no kernel has a memory fence, and no program
+waits for another. Tiles and launch settings (:class:`_Config`) are a
+function of the shapes, the dtype and the target that triton's active
+driver compiles for (``get_current_target().arch``, which an
+ahead-of-time check can stub): per target, every launch fits the shared
+memory of a block and compiles without register spills in bf16 / fp16
+(docs/gpu.md lists them).
 
 Launches per call (ATen ops that do work + Triton kernels; measured in the
 interpreter at N = 1025 and 4097, bf16, 6 heads): 4 forward, 8 forward +
@@ -211,14 +235,65 @@ def _token_of(keys):
 
 
 @triton.jit
-def _fold_topk(best, keys, K: tl.constexpr):
-    """The ``K`` largest of ``best`` (ascending along the last axis, ``K``
-    a power of two) and ``keys`` (any order, a power of two >= ``K`` along
-    the last axis), ascending: the elementwise max of an ascending and a
-    descending list holds the ``K`` largest of both as a bitonic sequence,
-    which one bitonic merge sorts."""
-    return tl.bitonic_merge(
-        tl.maximum(best, tl.topk(keys, K)), descending=False)
+def _bit(DIMS: tl.constexpr, BIT: tl.constexpr):
+    """Bit ``BIT`` of the position of each element of a hypercube (``DIMS``
+    axes of 2, the last axis bit 0), broadcastable to it."""
+    return tl.reshape(tl.arange(0, 2), [1] * (DIMS - 1 - BIT) + [2] + [1] * BIT)
+
+
+@triton.jit
+def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
+             ORDER: tl.constexpr):
+    """Each bitonic run of ``2**RUN`` elements of ``cube`` (position bits
+    below ``RUN``; ``DIMS`` axes of 2) sorted: ascending (``ORDER`` 0),
+    descending (1), or ascending where bit ``RUN`` of the position is 0 and
+    descending where it is 1 (2). A step pairs the positions that differ in
+    one bit, from the highest: the smaller of a pair goes first where the
+    run ascends. An element's partner is the pair's sum minus it (a sum
+    over an axis of 2; int64 wraps around exactly)."""
+    if ORDER == 2:
+        down = _bit(DIMS, RUN)
+    else:
+        down = ORDER
+    for i in tl.static_range(RUN):  # bit RUN - 1 - i: axis DIMS - RUN + i
+        partner = tl.sum(cube, DIMS - RUN + i, keep_dims=True) - cube
+        first = (_bit(DIMS, RUN - 1 - i) ^ down) == 0
+        cube = tl.where(first, tl.minimum(cube, partner),
+                        tl.maximum(cube, partner))
+    return cube
+
+
+@triton.jit
+def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
+             LOG_K: tl.constexpr):
+    """The ``2**LOG_K`` largest of each row of ``x`` [2**LOG_R rows,
+    2**LOG_N], descending: runs of ``2**LOG_K`` sorted in alternating
+    order, then the elementwise max of neighbouring runs (an ascending and
+    a descending one: it holds the largest of both as a bitonic run)
+    sorted again, until one run is left."""
+    DIMS: tl.constexpr = LOG_R + LOG_N
+    cube = tl.reshape(x, [2] * DIMS)
+    for run in tl.static_range(1, LOG_K + 1):
+        cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
+    for i in tl.static_range(LOG_N - LOG_K):
+        cube = tl.max(cube, DIMS - 1 - i - LOG_K)  # neighbouring runs
+        cube = _bitonic(cube, DIMS - 1 - i, LOG_K,
+                        2 if i + 1 < LOG_N - LOG_K else 1)
+    return tl.reshape(cube, x.shape[:-1] + [2**LOG_K])
+
+
+@triton.jit
+def _fold_topk(best, keys, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
+               LOG_K: tl.constexpr):
+    """The ``2**LOG_K`` largest of ``best`` (ascending along its last axis)
+    and ``keys`` (any order, ``2**LOG_N`` along the last axis; both with
+    ``2**LOG_R`` rows), ascending: the elementwise max of an ascending and a
+    descending list holds the largest of both as a bitonic run, which one
+    bitonic merge sorts."""
+    DIMS: tl.constexpr = LOG_R + LOG_K
+    cube = tl.reshape(
+        tl.maximum(best, _largest(keys, LOG_R, LOG_N, LOG_K)), [2] * DIMS)
+    return tl.reshape(_bitonic(cube, DIMS, LOG_K, 0), best.shape)
 
 
 @triton.jit
@@ -375,8 +450,8 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
           KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb, skh, skn,
           svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
           FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
-          BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
-          E_TILE: tl.constexpr, M_PAD: tl.constexpr, K_PAD: tl.constexpr,
+          LOG_L: tl.constexpr, LOG_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+          E_TILE: tl.constexpr, M_PAD: tl.constexpr, LOG_K: tl.constexpr,
           BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
           UPCAST: tl.constexpr):
     """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
@@ -385,6 +460,9 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
     ``STORE_LOGITS``: ``R K^T`` stored instead); then the expert of each of
     its queries (``ROUTE``; else the ids in ``GIVEN``) and their count per
     expert."""
+    BLOCK_L: tl.constexpr = 2**LOG_L  # landmarks per tile
+    BLOCK_N: tl.constexpr = 2**LOG_N  # keys per tile
+    K_PAD: tl.constexpr = 2**LOG_K  # the length of a top-k list
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -412,7 +490,7 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
             if FUSED_TOPK:
                 best = _fold_topk(
                     best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
-                    K_PAD)
+                    LOG_L, LOG_N, LOG_K)
             if STORE_LOGITS:
                 tl.store(
                     KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
@@ -495,14 +573,23 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 
 
 @triton.jit
-def _merged_topk(PART_TOP, TOPK, row, part, splits, k, K_PAD: tl.constexpr):
+def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
+                 LOG_K: tl.constexpr):
     """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S])."""
+    splits' lists (rows ``part ..`` of [G, m, S]), ``BLOCK_S`` lists at a
+    time."""
+    BLOCK_S: tl.constexpr = 2**LOG_S
+    K_PAD: tl.constexpr = 2**LOG_K
+    offs_s = tl.arange(0, BLOCK_S)
     offs_k = tl.arange(0, K_PAD)
     best = tl.full([K_PAD], LOWEST, tl.int64)
-    for s in range(0, splits):
-        best = _fold_topk(best, tl.load(PART_TOP + (part + s) * K_PAD + offs_k),
-                          K_PAD)
+    for s0 in range(0, splits, BLOCK_S):
+        lists = tl.load(
+            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_k[None, :],
+            mask=(s0 + offs_s < splits)[:, None],
+            other=LOWEST)
+        best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
+                          LOG_S + LOG_K, LOG_K)
     # The k largest are the last k (ascending).
     tl.store(
         TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
@@ -597,9 +684,9 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
 def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
            BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
            num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
-           E_TILE: tl.constexpr, M_PAD: tl.constexpr, K_PAD: tl.constexpr,
-           BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+           LOG_S: tl.constexpr, BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+           M_PAD: tl.constexpr, LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+           UPCAST: tl.constexpr):
     """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
     ``p < m``, its shared values and log-sum-exp, its top-k keys
     (``FUSED_TOPK``) and its blocks; for split ``p < S``, the slots of its
@@ -610,9 +697,9 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
         row = g * m + p
         part = row.to(tl.int64) * splits
         _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
-                       BLOCK_S, BLOCK_D, UPCAST)
+                       2**LOG_S, BLOCK_D, UPCAST)
         if FUSED_TOPK:
-            _merged_topk(PART_TOP, TOPK, row, part, splits, k, K_PAD)
+            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S, LOG_K)
         _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
                        slots_per_group, num_blocks, BLOCK, BLOCK_I, M_PAD)
     if p < splits:
@@ -803,6 +890,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _log2(x: int) -> int:
+    """log2 of a power of two."""
+    return x.bit_length() - 1
+
+
 # A fused top-k keeps a sorted list per landmark: a bitonic sort of every
 # tile of R K^T, (log2 K)(log2 K + 1) / 2 compare-exchange steps per logit.
 # Up to K = 64 that costs less than writing R K^T (float32) for
@@ -814,6 +906,11 @@ TOPK_FUSED_MAX = 64
 _SMS = {80: 108, 89: 128, 90: 132}
 
 
+# Pipeline stages of _keys, _experts_fwd, _experts_bwd and _shared_bwd in
+# bf16 / fp16 per target: the most that fit its shared memory per block
+# (sm_89: 99 KiB) and compile without register spills; an unknown target
+# gets sm_89's.
+_STAGES = {80: (3, 3, 3, 3), 89: (2, 2, 2, 2), 90: (3, 3, 2, 2)}
 # The launches of a forward and a backward, in order.
 KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
            'pool_bwd')
@@ -841,20 +938,24 @@ class _Config:
             self.block = self.block_m = self.block_m_bwd = 16
             self.block_n = self.block_n_bwd = self.keys_n = 16
             self.e_tile = self.block_p = 16
-            self.block_q = self.block_s = self.shared_n = self.pool_n = 16
-            self.block_i = 16
+            self.shared_n = self.pool_n = 16
+            # Queries per routing / sorting tile: more than a split holds.
+            self.block_q = self.block_i = 64
         else:
             self._gpu_tiles(n, m, dtype, arch)
         self.block_l = 16  # landmarks per tile of the keys pass
         if self.fused_topk:  # a top-k fold needs at least K_PAD keys
             self.keys_n = max(self.keys_n, self.k_pad)
-        # Splits of the keys pass: two waves of programs over the groups,
-        # at least two key tiles each.
-        waves = 2 * _SMS.get(arch, 132)
+        # Splits of the keys pass: two waves of programs over the groups (a
+        # few programs in the interpreter, which runs them one by one), at
+        # least two key tiles each.
+        programs = 8 if arch is None else 2 * _SMS.get(arch, 132)
         self.chunk = max(
             2 * self.keys_n,
-            _cdiv(_cdiv(n, _cdiv(waves, groups)), self.keys_n) * self.keys_n)
+            _cdiv(_cdiv(n, _cdiv(programs, groups)), self.keys_n) *
+            self.keys_n)
         self.splits = _cdiv(n, self.chunk)
+        self.block_s = min(16, _next_pow2(self.splits))  # splits per tile
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
@@ -872,21 +973,26 @@ class _Config:
         self.shared_n = self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
         self.block_q = self.block_p = 64
-        self.block_s = 16
         self.block_i = 64
         warps = 4 if self.block_d <= 64 else 8
-        # IEEE float32 dots run on CUDA cores: twice the threads.
-        wide = 8 if dtype == torch.float32 else warps
-        # sm_89 (and unknown targets): 99 KiB of shared memory per block.
-        stages = 3 if arch in (80, 90) else 2
+        if dtype == torch.float32:
+            # IEEE float32 dots run on CUDA cores, from registers: smaller
+            # query tiles, the widest tiles on 8 warps, 2 stages.
+            self.block_q, self.block_m_bwd = 32, 16
+            warps = (8, warps, warps, 8)
+            stages = (2, 2, 2, 2)
+        else:
+            warps = (warps, ) * 4
+            stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
             pool=dict(num_warps=4, num_stages=1),
-            keys=dict(num_warps=wide, num_stages=stages),
             merge=dict(num_warps=4, num_stages=1),
-            experts_fwd=dict(num_warps=warps, num_stages=stages),
-            experts_bwd=dict(num_warps=wide, num_stages=stages),
-            shared_bwd=dict(num_warps=wide, num_stages=stages),
-            pool_bwd=dict(num_warps=4, num_stages=1))
+            pool_bwd=dict(num_warps=4, num_stages=1),
+            **{
+                name: dict(num_warps=w, num_stages=s)
+                for name, w, s in zip(('keys', 'experts_fwd', 'experts_bwd',
+                                       'shared_bwd'), warps, stages)
+            })
 
     def grid(self, kernel: str) -> Tuple[int, int]:
         """The grid of ``kernel`` (one of :data:`KERNELS`)."""
@@ -975,8 +1081,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
         *_strides(q), *_strides(k), *_strides(v), qk_scale,
         ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
-        BLOCK_L=cfg.block_l, BLOCK_N=cfg.keys_n, BLOCK_Q=cfg.block_q,
-        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, K_PAD=cfg.k_pad,
+        LOG_L=_log2(cfg.block_l), LOG_N=_log2(cfg.keys_n),
+        BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile, M_PAD=cfg.m_pad,
+        LOG_K=_log2(cfg.k_pad),
         BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
         **cfg.launch('keys'))
     if topk_index is not None:  # given: an output must not alias an input
@@ -993,8 +1100,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
         topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
         cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
-        BLOCK=cfg.block, BLOCK_S=cfg.block_s, BLOCK_I=cfg.block_i,
-        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, K_PAD=cfg.k_pad, BLOCK_D=cfg.block_d,
+        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s), BLOCK_I=cfg.block_i,
+        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad),
+        BLOCK_D=cfg.block_d,
         UPCAST=cfg.upcast, **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)
     lse = q.new_empty(g, n, dtype=f32)

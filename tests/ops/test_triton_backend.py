@@ -264,7 +264,7 @@ def test_routing_is_the_first_argmax_and_nan_rows_go_to_expert_0(
         gpu_tiles(*tiles)
     hw, extra, pool, g, d = (8, 12), 3, (4, 6), 2, 16
     gen = torch.Generator().manual_seed(0)
-    patches = torch.randint(0, 4, (1, g, 4, hw[1], d), generator=gen)
+    patches = torch.randint(1, 4, (1, g, 4, hw[1], d), generator=gen)
     q = torch.cat([
         -torch.randint(1, 4, (1, g, extra, d), generator=gen),
         patches.repeat(1, 1, 2, 1, 1).flatten(2, 3)
