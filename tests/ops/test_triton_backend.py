@@ -289,7 +289,8 @@ def test_routing_is_the_first_argmax_and_nan_rows_go_to_expert_0(
 def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
                                                         topk):
     # Integer keys and queries, landmarks of 4 x 4 bins: R K^T exact in
-    # float32, with ties at the k-th value; key 7 is NaN, ranked above every
+    # float32, with ties at the k-th value, and below 0 but for one key in
+    # 500 (the order of negative floats); key 7 is NaN, ranked above every
     # number (as torch.topk ranks it). The GPU's tiles: 3 splits of the
     # keys pass (128 + 128 + 1 tokens), top-k lists of 16 out of 64-key
     # tiles (k = 10) and of one tile (k = 40); float32: 5 splits.
@@ -297,8 +298,8 @@ def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
         gpu_tiles(*tiles)
     hw, pool, g, d = (16, 16), (4, 4), 2, 16
     gen = torch.Generator().manual_seed(1)
-    q, k = (torch.randint(-2, 3, (1, g, 1 + 256, d), generator=gen).float()
-            for _ in range(2))
+    q = torch.randint(1, 4, (1, g, 1 + 256, d), generator=gen).float()
+    k = torch.randint(-3, 2, (1, g, 1 + 256, d), generator=gen).float()
     k[0, :, 7] = float('nan')
     res = _fused_forward(q, k, torch.randn(q.shape), hw, 1, pool, topk)
     logits = res['landmarks'].double() @ k[0].double().transpose(1, 2)
