@@ -37,6 +37,12 @@ EXPORT_TEST = 'tests/deploy/test_export_onnx.py::'
 LOW = 'tests/ops/low_precision.py'
 LOW_TEST = ['tests/ops/test_low_precision.py']
 SAFE_LOAD = 'mmseg_mita/safe_load.py'
+SASS = 'mmseg_mita/bench/sass.py'
+SASS_TEST = ['tests/bench/test_sass.py']
+HARDWARE = 'mmseg_mita/bench/hardware.py'
+HARDWARE_TEST = ['tests/bench/test_hardware.py']
+MODEL = 'mmseg_mita/bench/kernels.py'
+MODEL_TEST = ['tests/bench/test_kernels.py']
 REFUSAL_TEST = [
     'tests/test_safe_load.py::'
     'test_crafted_checkpoint_is_refused_by_every_in_process_loader'
@@ -283,6 +289,35 @@ MUTATIONS = [
      'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=128,',
      'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=127,',
      TRITON_TEST),
+    ('SASS: GPU-scope fences not counted', SASS,
+     "if parts[0] == 'MEMBAR' and set(parts[1:]) & {'GPU', 'SYS', 'GL'}:",
+     "if parts[0] == 'MEMBAR' and set(parts[1:]) & {'SYS', 'GL'}:",
+     SASS_TEST),
+    ('SASS: spill stores counted 4 bytes whatever their width', SASS,
+     "counts['spill_store_bytes'] += _width(parts[1:])",
+     "counts['spill_store_bytes'] += 4", SASS_TEST),
+    ('SASS: an HGMMA counted for each warp of its warpgroup', SASS,
+     'return kind, m * n * k // 4  # one warpgroup = 4 warps',
+     'return kind, m * n * k', SASS_TEST),
+    ('occupancy: registers not rounded up to their allocation unit',
+     HARDWARE, 'return max(1, -(-registers * 32 // facts.register_unit)) * \\',
+     'return max(1, registers * 32 / facts.register_unit) * \\',
+     HARDWARE_TEST),
+    ('occupancy: no shared memory kept by the system per block', HARDWARE,
+     '(shared + facts.smem_reserved_per_block))', '(shared + 0))',
+     HARDWARE_TEST),
+    ('kernel model: loop trip counts ignored', MODEL,
+     "weight = math.prod(trips[i] for i in region['loops'])", 'weight = 1',
+     MODEL_TEST),
+    ('kernel model: fences charged per program, not per round of resident '
+     'blocks', MODEL, "per_sm, resident) * work['gpu_fences']",
+     "per_sm, 1) * work['gpu_fences']", MODEL_TEST),
+    ('kernel model: full bandwidth below one wave', MODEL,
+     'busy = min(programs, part.sms) / part.sms', 'busy = 1', MODEL_TEST),
+    ("AOT compile: triton's shared-memory check not restored",
+     'mmseg_mita/bench/triton_aot.py',
+     '            compiler.max_shared_mem = saved_limit\n', '',
+     ['tests/ops/test_triton_compile.py::test_compiling_restores_triton']),
 ]
 
 

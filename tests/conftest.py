@@ -30,3 +30,10 @@ def trained(repo_root, demo_data, tmp_path_factory):
     run_python(repo_root, ['tools/train.py', DEMO_CONFIG, '--work-dir',
                            work_dir, '--cfg-options'] + data_opts(demo_data))
     return work_dir
+
+
+@pytest.fixture(scope='session')
+def triton_cache(tmp_path_factory):
+    """One triton cache dir for the session's ahead-of-time compiles
+    (identical compiles hit it)."""
+    return str(tmp_path_factory.mktemp('triton_cache'))

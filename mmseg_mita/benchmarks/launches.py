@@ -190,8 +190,13 @@ class LaunchCounter(TorchDispatchMode):
                 raise RuntimeError(f'host synchronisation: {func}')
             self.syncs[name] += 1
         elif not (func.is_view or name in NOT_LAUNCHES):
-            self.aten[name] += 1
+            self.launched(name, args, out)
         return out
+
+    def launched(self, name: str, args, out) -> None:
+        """One ATen launch of op ``name`` (a hook for subclasses that record
+        more)."""
+        self.aten[name] += 1
 
 
 def no_host_sync() -> LaunchCounter:

@@ -1,0 +1,1 @@
+"""Measuring and modelling the MiTA kernels: ``python -m mmseg_mita.bench``."""

@@ -1,0 +1,561 @@
+"""Static cost model of the fused Triton kernels: resources, occupancy,
+roofline and an estimate from their SASS, per GPU target and shape.
+
+Every launch of one forward and backward (:mod:`.triton_aot`: the
+backend's own launch code, compiled for ``sm_80``, ``sm_89``, ``sm_90``
+without a GPU) is reported with its registers, spills, shared memory,
+resident blocks per SM (:func:`~.hardware.blocks_per_sm`), grid and waves
+on the reference part of its architecture (A100, RTX 4090, H200). On the
+H200 (``sm_90`` code) each launch is also timed by two models:
+
+* **Roofline**: ``max(bytes / 4.8 TB/s, FLOPs / peak)``, with the bytes and
+  FLOPs the kernel must move and compute: every tensor it needs read once
+  and every output written once, matmul FLOPs (2 per multiply-add; the
+  bin sums of the pooling as 1 per element). The formulas are the
+  ``bytes`` and ``flops`` of its entry in :data:`KERNELS`, from its launch
+  arguments; ATen ops move their inputs and outputs once (factories and
+  fills only their outputs), no FLOPs. The peak is dense bf16 / fp16
+  (tensor cores) or fp32 (IEEE products) of :data:`~.hardware.TIMED_PART`.
+* **Estimate** from the SASS (Triton kernels; an ATen op's estimate is its
+  roofline): per program, the instructions its warps issue = the static
+  instruction count of each SASS loop nest (:mod:`.sass`) times the trip
+  counts of its loops (``trips`` of its entry, from the launch arguments,
+  in SASS address order: the kernel's source order). Programs are spread
+  over the SMs; the busiest SM runs ``ceil(programs / SMs)`` of them, each
+  needing the largest of: issue (4 schedulers, one warp instruction per
+  clock each), tensor cores (its HMMA/HGMMA multiply-adds at
+  ``mma_per_clock``) and spills (``LDL``/``STL`` bytes at
+  :data:`L1_BYTES_PER_CLOCK`); each GPU-scope fence (``MEMBAR.*.GPU``,
+  serialising its warp) adds :data:`FENCE_CYCLES` once per round of
+  resident blocks (the occupancy found). Memory: the roofline's bytes plus
+  atomics (read and written: 2 x their bytes) over HBM bandwidth, scaled by
+  the share of SMs that have a program (a grid below one wave does not
+  reach full bandwidth). The estimate is the larger of the SM time (at
+  :attr:`~.hardware.Part.clock_hz`) and the memory time.
+
+What the estimate leaves out (it is a static model, not a measurement):
+latency (a warp is assumed to issue every clock: kernels with few warps
+per scheduler are slower), branches (every instruction of a loop body runs
+every trip, both sides of a branch included), caches (L2 hits cost like
+HBM; spills hit L1), launch latency and the host. Programs whose block has
+no expert return at once and cost nothing (``programs``: routing assumed
+balanced, N / m queries per expert). Loop trip counts of a program whose
+trips vary (``_landmarks_fwd``'s patch rows) are their mean.
+
+Full attention (FlashAttention) at the same shape: 4 N^2 d FLOPs per head
+forward, 2.5 times that forward+backward; bytes of q, k, v, o forward, plus
+dO, dq, dk, dv backward; its roofline at the same peak.
+
+:data:`TARGETS` are checked on the H200, forward+backward.
+"""
+import argparse
+import math
+import os
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+
+from . import hardware, sass
+from .triton_aot import DTYPES, CallShape, Case, compile_isolated
+
+SCHEDULERS = 4  # warp schedulers per SM, one instruction per clock each
+L1_BYTES_PER_CLOCK = 128  # per SM: local memory (spills) hits L1
+FENCE_CYCLES = 500  # one GPU-scope fence: about a global memory round trip
+# Static SASS counts reported per launch (ptxas's spill bytes, per thread).
+STATIC_FIELDS = ('spill_store_bytes', 'spill_load_bytes', 'gpu_fences',
+                 'l1_invalidations', 'atomics')
+ELEMENT_BYTES = dict(bfloat16=2, float16=2, float32=4, int64=8, int32=4,
+                     bool=1, uint8=1)
+
+
+def cdiv(a: float, b: float) -> int:
+    return -(-int(a) // int(b))
+
+
+class Args:
+    """A launch's arguments by name (``a.n``, ``a.BLOCK_N``), its grid, its
+    groups ``a.G`` (grid axis 0: batch x heads) and ``a.size(name)``, the
+    element size of a tensor argument."""
+
+    def __init__(self, launch: dict):
+        self._args, self.grid = launch['args'], launch['grid']
+        self.G = self.grid[0]
+
+    def __getattr__(self, name: str):
+        try:
+            return self._args[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def size(self, name: str) -> int:
+        return ELEMENT_BYTES[self._args[name]['dtype']]
+
+
+class KernelModel(NamedTuple):
+    """What a kernel must move and compute and how often its loops run, as
+    functions of its launch :class:`Args`."""
+    trips: Callable[[Args], List[float]]  # per SASS loop, in address order
+    bytes: Callable[[Args], float]
+    flops: Callable[[Args], float]
+    # Programs that do the work (the others return at once); all by default.
+    programs: Optional[Callable[[Args], float]] = None
+
+
+def _pooling_trips(a: Args) -> float:
+    """Mean patch-row blocks that a ``_landmarks_fwd`` program pools."""
+    trips = []
+    for block in range(a.grid[1]):
+        l0 = block * a.BLOCK_L
+        last = min(l0 + a.BLOCK_L, a.m) - 1
+        start = (l0 // a.pw) * a.hgt // a.ph * a.wid
+        end = (((last // a.pw) + 1) * a.hgt + a.ph - 1) // a.ph * a.wid
+        trips.append(cdiv(end - start, a.BLOCK_N))
+    return sum(trips) / len(trips)
+
+
+def _routed_rows(a: Args) -> int:
+    """Distinct keys the experts of a group route to (at most)."""
+    return min(a.n, a.m * a.k)
+
+
+def _expert_programs(a: Args) -> int:
+    """Blocks holding queries when every expert gets N / m of them."""
+    return a.G * min(a.num_blocks, a.m * cdiv(cdiv(a.n, a.m), a.BLOCK))
+
+
+def _layout_bytes(a: Args) -> int:
+    """The block layout (slots and block experts, int32) of a group."""
+    return (a.slots_per_group + a.num_blocks) * 4
+
+
+# The per-kernel knowledge of the model, one entry per Triton kernel
+# (``e`` = element bytes of q; per group: n tokens, m landmarks, k routed
+# keys, d head dims, P = hgt * wid patches).
+KERNELS: Dict[str, KernelModel] = {
+    # Loops: the pooled patch rows, the keys. Reads the patch queries, K and
+    # V; writes R, Vt, their log-sum-exp and the [m, n] float32 key logits.
+    '_landmarks_fwd': KernelModel(
+        trips=lambda a: [_pooling_trips(a), cdiv(a.n, a.BLOCK_N)],
+        bytes=lambda a: a.G * (
+            (a.hgt * a.wid + 2 * a.n + 2 * a.m) * a.d * a.size('Q') +
+            a.m * 4 + a.m * a.n * a.size('KEY_LOGITS')),
+        flops=lambda a: a.G * (4 * a.m * a.n * a.d + a.hgt * a.wid * a.d)),
+    # Loops: the slot fill, routing + counts, block experts, ranks. Reads q
+    # and R; writes the experts of the queries and the block layout.
+    '_route_and_sort': KernelModel(
+        trips=lambda a: [
+            cdiv(a.slots_per_group, a.CHUNK), cdiv(a.n, a.CHUNK),
+            cdiv(a.num_blocks, a.CHUNK), cdiv(a.n, a.CHUNK)],
+        bytes=lambda a: a.G * (
+            (a.n + a.m) * a.d * a.size('Q') + a.n * 4 + _layout_bytes(a)),
+        flops=lambda a: a.G * 2 * a.n * a.m * a.d),
+    # Loops: the compressed keys, the routed keys. Reads q, R, Vt, the top-k
+    # rows, the routed keys and values, the layout; writes o and its lse.
+    '_experts_fwd': KernelModel(
+        trips=lambda a: [cdiv(a.m, a.BLOCK_N), cdiv(a.k, a.BLOCK_N)],
+        bytes=lambda a: a.G * (
+            (2 * a.n + 2 * a.m + 2 * _routed_rows(a)) * a.d * a.size('Q') +
+            a.m * a.k * a.size('TOPK') + _layout_bytes(a) + a.n * 4),
+        flops=lambda a: a.G * 4 * a.n * (a.m + a.k) * a.d,
+        programs=_expert_programs),
+    # Loops: as _experts_fwd. Reads q, o, dO, lse and what the forward read;
+    # writes dq (float32) and adds dR, dVt and the routed dk, dv (float32).
+    '_experts_bwd': KernelModel(
+        trips=lambda a: [cdiv(a.m, a.BLOCK_N), cdiv(a.k, a.BLOCK_N)],
+        bytes=lambda a: a.G * (
+            (3 * a.n + 2 * a.m + 2 * _routed_rows(a)) * a.d * a.size('Q') +
+            a.n * 4 + a.m * a.k * a.size('TOPK') + _layout_bytes(a) +
+            (a.n + 2 * _routed_rows(a) + 2 * a.m) * a.d * a.size('DQ_ACC')),
+        flops=lambda a: a.G * 10 * a.n * (a.m + a.k) * a.d,
+        programs=_expert_programs),
+    # Loop: the landmarks. Reads K, V, R, Vt, their lse, dVt and the routed
+    # dk, dv sums; writes dk, dv and adds dR.
+    '_shared_bwd': KernelModel(
+        trips=lambda a: [cdiv(a.m, a.BLOCK_N)],
+        bytes=lambda a: a.G * (
+            (4 * a.n + 2 * a.m) * a.d * a.size('K') + a.m * 4 +
+            (2 * a.n + 2 * a.m) * a.d * a.size('DK_ACC')),
+        flops=lambda a: a.G * 10 * a.m * a.n * a.d),
+    # Loop: the landmarks. Reads dq (float32) and dR; writes dq.
+    '_pool_bwd': KernelModel(
+        trips=lambda a: [cdiv(a.m, a.BLOCK_N)],
+        bytes=lambda a: a.G * (
+            (a.n + a.m) * a.d * a.size('DQ_ACC') + a.n * a.d * a.size('DQ')),
+        flops=lambda a: a.G * a.hgt * a.wid * a.d),
+}
+# ATen ops whose inputs are read for their shape only.
+FACTORIES = frozenset({
+    'aten::new_zeros', 'aten::new_ones', 'aten::new_full', 'aten::zeros',
+    'aten::zeros_like', 'aten::ones_like', 'aten::full_like', 'aten::zero_',
+    'aten::fill_'
+})
+# The shapes of the report: N x (batch x 6 heads), head_dim 64, m = k = 49.
+SHAPES = (CallShape(1025, batch=8), CallShape(4097, batch=2),
+          CallShape(65537, batch=1))
+
+
+class Target(NamedTuple):
+    """A requirement on the H200, forward+backward: ``what`` is
+    'kernel_estimate' (every Triton kernel's estimate at most ``ratio``
+    times its roofline, at every shape), 'roofline' (the pipeline's
+    roofline at most ``ratio`` times full attention's at ``tokens``) or
+    'estimate' (the pipeline's estimate at most ``ratio`` times full
+    attention's roofline at ``tokens``)."""
+    key: str
+    what: str
+    tokens: Optional[int]
+    ratio: float
+
+
+TARGETS = (
+    Target('kernel_estimate_within_2x_roofline', 'kernel_estimate', None,
+           2.0),
+    Target('roofline_1025_vs_attention', 'roofline', 1025, 1.0),
+    Target('estimate_4097_2x_faster_than_attention', 'estimate', 4097, 0.5),
+    Target('estimate_65537_20x_faster_than_attention', 'estimate', 65537,
+           0.05),
+)
+
+
+def _nbytes(tensor: dict) -> int:
+    return math.prod(tensor['shape']) * ELEMENT_BYTES[tensor['dtype']]
+
+
+def aten_bytes(launch: dict) -> int:
+    """Bytes an ATen op moves: its inputs read and outputs written once
+    (factories and fills: their outputs)."""
+    moved = sum(_nbytes(t) for t in launch['outputs'])
+    if launch['name'] not in FACTORIES:
+        moved += sum(_nbytes(t) for t in launch['inputs'])
+    return moved
+
+
+def roofline(moved: float, flops: float, dtype: str,
+             part: hardware.Part = hardware.TIMED_PART) -> float:
+    """Seconds: ``max(bytes / bandwidth, FLOPs / peak)`` on ``part``."""
+    return max(moved / part.hbm_bytes_per_s, flops / part.flops[dtype])
+
+
+def attention_roofline(shape: CallShape, dtype: str, stage: str) -> dict:
+    """Full attention's bytes, FLOPs and roofline at ``shape`` (see the
+    module docstring) for ``stage`` 'forward', 'backward' or 'total'."""
+    per_tensor = shape.groups * shape.tokens * shape.head_dim * \
+        ELEMENT_BYTES[dtype]
+    flops = 4 * shape.tokens**2 * shape.head_dim * shape.groups
+    moved, flops = dict(forward=(4 * per_tensor, flops),
+                        backward=(4 * per_tensor, 1.5 * flops),
+                        total=(8 * per_tensor, 2.5 * flops))[stage]
+    return dict(bytes=moved, flops=flops,
+                roofline_s=roofline(moved, flops, dtype))
+
+
+def model_of(name: str) -> KernelModel:
+    if name not in KERNELS:
+        raise ValueError(f'kernel {name} has no entry in '
+                         'mmseg_mita.bench.kernels.KERNELS: add its trips, '
+                         'bytes and flops')
+    return KERNELS[name]
+
+
+def per_program(launch: dict, trips: Sequence[float]) -> dict:
+    """Per-warp totals of a program (instructions, atomics, fences, spill
+    bytes per thread, multiply-adds by operand type): each SASS region's
+    counts times the trip counts of its loops."""
+    loops = max((max(r['loops']) + 1 for r in launch['regions']
+                 if r['loops']), default=0)
+    if loops != len(trips):
+        raise ValueError(
+            f"{launch['name']}: {loops} loops in its SASS, {len(trips)} trip "
+            'counts in mmseg_mita.bench.kernels.KERNELS: update its trips')
+    total, mma = {}, {}
+    for region in launch['regions']:
+        weight = math.prod(trips[i] for i in region['loops'])
+        for field, count in region['counts'].items():
+            total[field] = total.get(field, 0) + weight * count
+        for kind, fma in region['mma'].items():
+            mma[kind] = mma.get(kind, 0) + weight * fma
+    total['mma'] = mma
+    return total
+
+
+def estimate(launch: dict, model: KernelModel, moved: float,
+             part: hardware.Part = hardware.TIMED_PART) -> dict:
+    """The SASS estimate of one Triton launch on ``part`` (see the module
+    docstring): seconds (None when a block does not fit), and what it is
+    made of."""
+    args = Args(launch)
+    facts = hardware.arch(part.arch)
+    warps = launch['num_warps']
+    work = per_program(launch, model.trips(args))
+    programs = (model.programs(args)
+                if model.programs else math.prod(launch['grid']))
+    resident = hardware.blocks_per_sm(facts, warps, launch['registers'],
+                                      launch['shared'])
+    out = dict(programs=programs, instructions_per_warp=work['instructions'],
+               atomics_per_warp=work['atomics'],
+               fences_per_warp=work['gpu_fences'], seconds=None)
+    if not resident:
+        return out
+    unknown = set(work['mma']) - set(facts.mma_per_clock)
+    if unknown:
+        raise ValueError(f'{sorted(unknown)} tensor-core operands: add their '
+                         'rate to hardware.ARCHS[...].mma_per_clock')
+    issue = warps * work['instructions'] / SCHEDULERS
+    tensor = sum(warps * fma / facts.mma_per_clock[kind]
+                 for kind, fma in work['mma'].items())
+    spill = warps * 32 * (work['spill_store_bytes'] +
+                          work['spill_load_bytes']) / L1_BYTES_PER_CLOCK
+    per_sm = cdiv(programs, part.sms)
+    cycles = per_sm * max(issue, tensor, spill) + cdiv(
+        per_sm, resident) * work['gpu_fences'] * FENCE_CYCLES
+    traffic = moved + 2 * programs * warps * work['atomic_bytes']
+    busy = min(programs, part.sms) / part.sms
+    memory = traffic / (part.hbm_bytes_per_s * busy) if programs else 0.0
+    out.update(issue_cycles=issue, tensor_cycles=tensor, spill_cycles=spill,
+               sm_seconds=cycles / part.clock_hz, memory_seconds=memory,
+               seconds=max(cycles / part.clock_hz, memory))
+    return out
+
+
+def launch_row(launch: dict, arch: int, dtype: str) -> dict:
+    """One launch's report: resources, occupancy and waves on the reference
+    part of ``arch``; bytes, FLOPs and roofline on the H200; the estimate
+    for ``sm_90`` code."""
+    row = dict(name=launch['name'], kind=launch['kind'],
+               stage=launch['stage'])
+    if launch['kind'] == 'aten':
+        moved = aten_bytes(launch)
+        seconds = roofline(moved, 0, dtype)
+        row.update(bytes=moved, flops=0, roofline_s=seconds,
+                   estimate_s=seconds,
+                   shapes=[t['shape'] for t in launch['inputs']])
+        return row
+    facts = hardware.arch(arch)
+    part = hardware.PARTS[hardware.REFERENCE_PART[arch]]
+    model = model_of(launch['name'])
+    args = Args(launch)
+    moved, flops = model.bytes(args), model.flops(args)
+    static = sass.totals(
+        [sass.Region(tuple(r['loops']), r['counts'], r['mma'])
+         for r in launch['regions']])
+    resident = hardware.blocks_per_sm(facts, launch['num_warps'],
+                                      launch['registers'], launch['shared'])
+    programs = math.prod(launch['grid'])
+    row.update(
+        grid=launch['grid'], num_warps=launch['num_warps'],
+        num_stages=launch['num_stages'], registers=launch['registers'],
+        shared=launch['shared'], fits=launch['shared'] <= facts.smem_per_block,
+        blocks_per_sm=resident,
+        waves=programs / (resident * part.sms) if resident else None,
+        bytes=moved, flops=flops, roofline_s=roofline(moved, flops, dtype),
+        **{f: static[f] for f in STATIC_FIELDS})
+    if arch == hardware.TIMED_PART.arch:
+        row['estimate'] = estimate(launch, model, moved)
+        row['estimate_s'] = row['estimate']['seconds']
+    return row
+
+
+def _sum(values):
+    values = list(values)
+    return None if None in values else sum(values)
+
+
+def call_report(result: dict) -> dict:
+    """One compiled call (:func:`~.triton_aot.compile_isolated`'s dict):
+    its launch rows and, per stage ('forward', 'backward', 'total'), the
+    pipeline's roofline and estimate sums beside full attention's."""
+    shape = CallShape(**result['shape'])
+    rows = [launch_row(launch, result['arch'], result['dtype'])
+            for launch in result['launches']]
+    stages = {}
+    for stage in ('forward', 'backward', 'total'):
+        mine = [r for r in rows if stage in ('total', r['stage'])]
+        stages[stage] = dict(
+            launches=len(mine), roofline_s=_sum(r['roofline_s']
+                                                for r in mine),
+            estimate_s=_sum(r.get('estimate_s') for r in mine),
+            attention=attention_roofline(shape, result['dtype'], stage))
+    return dict(arch=result['arch'], dtype=result['dtype'],
+                shape=result['shape'], launches=rows, stages=stages)
+
+
+def _target(target: Target, calls: List[dict]) -> dict:
+    timed = [c for c in calls if c['arch'] == hardware.TIMED_PART.arch]
+    row = dict(target._asdict(), value=None, met=None, why=None)
+    if target.what == 'kernel_estimate':
+        ratios = [(r['estimate_s'] / r['roofline_s']
+                   if r['estimate_s'] is not None else math.inf)
+                  for c in timed for r in c['launches']
+                  if r['kind'] == 'triton']
+        if ratios:
+            row['value'] = max(ratios)
+    else:
+        found = [c['stages']['total'] for c in timed
+                 if c['shape']['tokens'] == target.tokens]
+        if found and found[0][f'{target.what}_s'] is not None:
+            row['value'] = (found[0][f'{target.what}_s'] /
+                            found[0]['attention']['roofline_s'])
+    if row['value'] is None:
+        row['why'] = 'no sm_90 call at this shape in the report'
+    elif math.isinf(row['value']):
+        row['value'], row['why'] = None, 'a kernel does not fit the H200'
+    row['met'] = row['value'] is not None and row['value'] <= target.ratio
+    return row
+
+
+def report(results: List[dict]) -> dict:
+    """The model's report of compiled calls: every call (:func:`call_report`)
+    and the :data:`TARGETS`, with the model's constants."""
+    calls = [call_report(r) for r in results]
+    part = hardware.TIMED_PART
+    return dict(
+        timed_part=part._asdict(), clock_hz=part.clock_hz,
+        constants=dict(schedulers=SCHEDULERS,
+                       l1_bytes_per_clock=L1_BYTES_PER_CLOCK,
+                       fence_cycles=FENCE_CYCLES), calls=calls,
+        targets=[_target(t, calls) for t in TARGETS])
+
+
+def _us(seconds) -> str:
+    return '-' if seconds is None else f'{seconds * 1e6:.1f}'
+
+
+def _call(call: dict) -> str:
+    shape = call['shape']
+    return f"{shape['tokens']} x {shape['batch'] * shape['heads']}"
+
+
+def markdown(rep: dict) -> str:
+    """The report as markdown tables: resources per target, time per kernel
+    on the H200, per call, and the targets."""
+    lines = [
+        '| target | kernel | N x BH | grid | warps | regs | spill st / ld '
+        'B | smem KB | fits | blocks/SM | waves | GPU fences | atomics |',
+        '|---|---|---|---|---:|---:|---|---:|---|---:|---:|---:|---:|'
+    ]
+    for call in rep['calls']:
+        for r in call['launches']:
+            if r['kind'] != 'triton':
+                continue
+            waves = '-' if r['waves'] is None else f"{r['waves']:.2f}"
+            lines.append(
+                f"| sm_{call['arch']} | {r['name']} | {_call(call)} | "
+                f"{'x'.join(map(str, r['grid']))} | {r['num_warps']} | "
+                f"{r['registers']} | {r['spill_store_bytes']} / "
+                f"{r['spill_load_bytes']} | {r['shared'] / 1024:.1f} | "
+                f"{'yes' if r['fits'] else 'NO'} | {r['blocks_per_sm']} | "
+                f"{waves} | {r['gpu_fences']} | {r['atomics']} |")
+    lines += [
+        '', '| kernel (H200) | N x BH | stage | MB | GFLOP | roofline us | '
+        'estimate us | estimate / roofline |', '|---|---|---|---:|---:|---:|'
+        '---:|---:|'
+    ]
+    timed = [c for c in rep['calls']
+             if c['arch'] == hardware.TIMED_PART.arch]
+    for call in timed:
+        for r in call['launches']:
+            ratio = ('-' if r['estimate_s'] is None else
+                     f"{r['estimate_s'] / r['roofline_s']:.1f}")
+            lines.append(
+                f"| {r['name']} | {_call(call)} | {r['stage']} | "
+                f"{r['bytes'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} | "
+                f"{_us(r['roofline_s'])} | {_us(r['estimate_s'])} | {ratio} |")
+    lines += [
+        '', '| N x BH (H200) | stage | launches | MiTA roofline us | MiTA '
+        'estimate us | attention roofline us | attention roofline / MiTA '
+        'estimate |', '|---|---|---:|---:|---:|---:|---:|'
+    ]
+    for call in timed:
+        for stage, s in call['stages'].items():
+            att = s['attention']['roofline_s']
+            ratio = ('-' if s['estimate_s'] is None else
+                     f"{att / s['estimate_s']:.2f}")
+            lines.append(
+                f"| {_call(call)} | {stage} | {s['launches']} | "
+                f"{_us(s['roofline_s'])} | {_us(s['estimate_s'])} | "
+                f"{_us(att)} | {ratio} |")
+    lines += ['', '| target | value | at most | met |', '|---|---:|---:|---|']
+    for t in rep['targets']:
+        value = '-' if t['value'] is None else f"{t['value']:.3g}"
+        met = 'yes' if t['met'] else 'no' + (f" ({t['why']})"
+                                             if t['why'] else '')
+        lines.append(f"| {t['key']} | {value} | {t['ratio']:g} | {met} |")
+    return '\n'.join(lines) + '\n'
+
+
+def _shape(text: str) -> CallShape:
+    """``N`` or ``N:BATCH``."""
+    tokens, _, batch = text.partition(':')
+    return CallShape(int(tokens), batch=int(batch or 1))
+
+
+def _write_sass(results: List[dict], folder: str) -> None:
+    for result in results:
+        shape = CallShape(**result['shape'])
+        arch_dir = os.path.join(folder, f"sm_{result['arch']}")
+        os.makedirs(arch_dir, exist_ok=True)
+        for launch in result['launches']:
+            if launch['kind'] == 'triton':
+                name = (f"{launch['name']}.N{shape.tokens}x{shape.groups}."
+                        f"{result['dtype']}.sass")
+                with open(os.path.join(arch_dir, name), 'w') as f:
+                    f.write(launch['sass'])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--archs', type=int, nargs='+', default=[80, 89, 90],
+                        choices=sorted(hardware.ARCHS),
+                        help='compute capabilities to compile for')
+    parser.add_argument('--dtype', default='bfloat16', choices=list(DTYPES))
+    parser.add_argument(
+        '--shapes', type=_shape, nargs='+', default=list(SHAPES),
+        help='N or N:BATCH (N = 1 cls token + an H x W grid)')
+    parser.add_argument('--heads', type=int, default=6)
+    parser.add_argument('--head-dim', type=int, default=64)
+    parser.add_argument('--pool', type=int, default=7,
+                        help='m = pool^2 landmarks')
+    parser.add_argument('--topk', type=int, default=49)
+    parser.add_argument('--cache-dir', help="triton's cache dir")
+    parser.add_argument('--workers', type=int, default=1,
+                        help='compiling processes (one arch each)')
+    parser.add_argument('--sass-dir',
+                        help='write the SASS of every Triton launch there '
+                        '(SASS_DIR/sm_ARCH/KERNEL.N<tokens>x<groups>.sass)')
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compiles, models, prints the markdown (and writes ``--json`` /
+    ``--markdown``); exit code 0 (targets are reported, not enforced)."""
+    from mmseg_mita.utils.io import write_atomic, write_json
+    shapes = [
+        shape._replace(heads=args.heads, head_dim=args.head_dim,
+                       pool=args.pool, topk=args.topk).check()
+        for shape in args.shapes
+    ]
+    cases = [Case(arch, args.dtype, shape)
+             for arch in args.archs for shape in shapes]
+    results = compile_isolated(cases, args.cache_dir,
+                               keep_sass=bool(args.sass_dir),
+                               workers=args.workers)
+    if args.sass_dir:
+        _write_sass(results, args.sass_dir)
+    rep = report(results)
+    rep['dtype'] = args.dtype
+    text = markdown(rep)
+    print(text, end='')
+    if getattr(args, 'json', None):
+        write_json(rep, args.json)
+    if getattr(args, 'markdown', None):
+
+        def write(tmp):
+            with open(tmp, 'w') as f:
+                f.write(text)
+
+        write_atomic(args.markdown, write)
+    return 0
+
+
+if __name__ == '__main__':
+    _parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    _parser.add_argument('--json')
+    _parser.add_argument('--markdown')
+    raise SystemExit(run(_parser.parse_args()))

@@ -1,0 +1,138 @@
+"""The static cost model (mmseg_mita.bench.kernels): its arithmetic on a
+launch written by hand, and the ``kernels`` command at one target and one
+shape (compiled for sm_90 in a subprocess, without a GPU)."""
+import argparse
+import json
+
+import pytest
+
+from mmseg_mita.bench import hardware, kernels
+from mmseg_mita.bench.triton_aot import CallShape
+
+H200 = hardware.TIMED_PART
+
+
+def _launch(grid, regions, registers=64, shared=1024, warps=4):
+    return dict(kind='triton', name='_toy', stage='forward', grid=grid,
+                num_warps=warps, num_stages=3, registers=registers,
+                shared=shared, args=dict(n=160), regions=regions)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """A kernel whose one loop runs n / 16 times, moving 1 MB and doing
+    1 GFLOP."""
+    model = kernels.KernelModel(trips=lambda a: [a.n / 16],
+                                bytes=lambda a: 1e6, flops=lambda a: 1e9)
+    monkeypatch.setitem(kernels.KERNELS, '_toy', model)
+    return model
+
+
+def _region(loops, instructions, mma=None, **counts):
+    return dict(loops=loops, mma=mma or {},
+                counts=dict(dict.fromkeys(kernels.sass.FIELDS, 0),
+                            instructions=instructions, **counts))
+
+
+def test_estimate_of_a_launch_by_hand(toy):
+    # 10 trips of a loop of 100 instructions, 1024 bf16 multiply-adds and
+    # one fenced atomic of 16 bytes a lane; 50 instructions outside.
+    regions = [_region([], 50), _region([0], 100, dict(BF16=1024),
+                                         atomics=1, atomic_bytes=512,
+                                         gpu_fences=1)]
+    launch = _launch([264, 1, 1], regions)
+    got = kernels.estimate(launch, toy, 1e6)
+    assert got['instructions_per_warp'] == 1050
+    assert got['issue_cycles'] == 4 * 1050 / 4
+    assert got['tensor_cycles'] == 4 * 10 * 1024 / 2048
+    # 264 programs: 2 per SM, both resident at once (4 warps, 64 registers):
+    # one round of 10 fences.
+    cycles = 2 * 1050 + 1 * 10 * kernels.FENCE_CYCLES
+    assert got['sm_seconds'] == pytest.approx(cycles / H200.clock_hz)
+    traffic = 1e6 + 2 * 264 * 4 * 10 * 512
+    assert got['memory_seconds'] == pytest.approx(traffic / 4.8e12)
+    assert got['seconds'] == max(got['sm_seconds'], got['memory_seconds'])
+
+
+def test_small_grids_get_a_share_of_the_bandwidth(toy):
+    launch = _launch([33, 1, 1], [_region([], 1), _region([0], 1)])
+    got = kernels.estimate(launch, toy, 1e6)
+    assert got['memory_seconds'] == pytest.approx(1e6 / (4.8e12 * 33 / 132))
+
+
+def test_a_block_that_does_not_fit_has_no_estimate(toy):
+    launch = _launch([1, 1, 1], [_region([0], 1)], shared=228 * 1024)
+    assert kernels.estimate(launch, toy, 1e6)['seconds'] is None
+
+
+def test_loops_and_trip_counts_must_agree(toy):
+    launch = _launch([1, 1, 1], [_region([0], 1), _region([1], 1)])
+    with pytest.raises(ValueError, match='2 loops in its SASS, 1 trip'):
+        kernels.estimate(launch, toy, 1e6)
+
+
+def test_a_kernel_without_an_entry_is_refused():
+    with pytest.raises(ValueError, match='_nope has no entry'):
+        kernels.model_of('_nope')
+
+
+def test_attention_roofline():
+    shape = CallShape(1025, batch=8)
+    fwd = kernels.attention_roofline(shape, 'bfloat16', 'forward')
+    assert fwd['flops'] == 4 * 1025**2 * 64 * 48
+    assert fwd['roofline_s'] == pytest.approx(fwd['flops'] / 989e12)
+    total = kernels.attention_roofline(shape, 'bfloat16', 'total')
+    assert total['flops'] == 2.5 * fwd['flops']
+    assert total['bytes'] == 8 * 48 * 1025 * 64 * 2
+
+
+def test_aten_bytes():
+    topk = dict(name='aten::topk',
+                inputs=[dict(dtype='float32', shape=[6, 49, 100])],
+                outputs=[dict(dtype='float32', shape=[6, 49, 49]),
+                         dict(dtype='int64', shape=[6, 49, 49])])
+    assert kernels.aten_bytes(topk) == 6 * 49 * (100 * 4 + 49 * 12)
+    fill = dict(name='aten::new_zeros',
+                inputs=[dict(dtype='bfloat16', shape=[1000])],
+                outputs=[dict(dtype='float32', shape=[10])])
+    assert kernels.aten_bytes(fill) == 40
+
+
+def test_kernels_command_one_target_one_shape(tmp_path, triton_cache,
+                                              capsys):
+    parser = argparse.ArgumentParser()
+    kernels.add_arguments(parser)
+    args = parser.parse_args(
+        ['--archs', '90', '--shapes', '1025', '--cache-dir', triton_cache])
+    args.json = str(tmp_path / 'k.json')
+    args.markdown = str(tmp_path / 'k.md')
+    assert kernels.run(args) == 0
+    printed = capsys.readouterr().out
+    with open(args.markdown) as f:
+        assert f.read() == printed
+    with open(args.json) as f:
+        rep = json.load(f)
+    (call, ) = rep['calls']
+    assert call['arch'] == 90 and call['shape']['tokens'] == 1025
+    names = [r['name'] for r in call['launches'] if r['kind'] == 'triton']
+    assert set(names) <= set(kernels.KERNELS) and names
+    for r in call['launches']:
+        assert r['roofline_s'] > 0 and r['estimate_s'] is not None
+        assert f"| {r['name']} | 1025 x 6 |" in printed
+    total = call['stages']['total']
+    assert total['launches'] == len(call['launches'])
+    assert total['roofline_s'] == pytest.approx(
+        sum(r['roofline_s'] for r in call['launches']))
+    assert [t['key'] for t in rep['targets']] == [
+        t.key for t in kernels.TARGETS
+    ]
+
+
+@pytest.mark.parametrize('tokens, message', [(49, 'need tokens >= 50'),
+                                              (1 + 5 * 13, 'narrower')])
+def test_shapes_that_cannot_be_pooled_are_refused(tokens, message):
+    parser = argparse.ArgumentParser()
+    kernels.add_arguments(parser)
+    args = parser.parse_args(['--archs', '90', '--shapes', str(tokens)])
+    with pytest.raises(ValueError, match=f'tokens={tokens}.*{message}'):
+        kernels.run(args)
