@@ -607,6 +607,25 @@ def _fill(ptr, start, end, value, BLOCK_I: tl.constexpr):
 
 
 @triton.jit
+def _split_counts(COUNTS, g, splits, split, offs_e, e_mask,
+                  BLOCK_S: tl.constexpr, M_PAD: tl.constexpr):
+    """Queries of experts ``offs_e`` of group ``g``: in all splits, and in
+    the splits before ``split`` (``BLOCK_S`` splits at a time)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    totals = tl.zeros(offs_e.shape, tl.int32)
+    earlier = tl.zeros(offs_e.shape, tl.int32)
+    for s0 in range(0, splits, BLOCK_S):
+        rows = s0 + offs_s
+        counts = tl.load(
+            COUNTS + (g * splits + rows)[:, None] * M_PAD + offs_e[None, :],
+            mask=(rows < splits)[:, None] & e_mask[None, :],
+            other=0)
+        totals += tl.sum(counts, 0)
+        earlier += tl.sum(tl.where((rows < split)[:, None], counts, 0), 0)
+    return totals, earlier
+
+
+@triton.jit
 def _blocks_of(counts, BLOCK: tl.constexpr):
     """Blocks of ``BLOCK`` slots that experts of ``counts`` queries take."""
     return (counts + BLOCK - 1) // BLOCK
@@ -615,14 +634,14 @@ def _blocks_of(counts, BLOCK: tl.constexpr):
 @triton.jit
 def _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, e, m, splits,
                    slots_per_group, num_blocks, BLOCK: tl.constexpr,
-                   BLOCK_I: tl.constexpr, M_PAD: tl.constexpr):
+                   BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
+                   M_PAD: tl.constexpr):
     """Expert ``e``'s blocks (after those of the experts before it) marked
     ``e``, its slots past its queries -1; the last expert also marks the
     blocks no expert uses."""
     offs_e = tl.arange(0, M_PAD)
-    totals = tl.zeros([M_PAD], tl.int32)
-    for s in range(0, splits):
-        totals += tl.load(COUNTS + (g * splits + s) * M_PAD + offs_e)
+    totals, _ = _split_counts(COUNTS, g, splits, 0, offs_e, offs_e < M_PAD,
+                              BLOCK_S, M_PAD)
     blocks = _blocks_of(totals, BLOCK)
     first_block = tl.sum(tl.where(offs_e < e, blocks, 0), 0)
     end_block = first_block + tl.sum(tl.where(offs_e == e, blocks, 0), 0)
@@ -644,8 +663,9 @@ def _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, e, m, splits,
 
 @triton.jit
 def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
-                 slots_per_group, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
-                 E_TILE: tl.constexpr, M_PAD: tl.constexpr):
+                 slots_per_group, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+                 M_PAD: tl.constexpr):
     """The queries of split ``split`` written to their slots: an expert's
     queries fill its blocks in token order, so a query's slot is its
     expert's first slot, plus its expert's queries in earlier splits, plus
@@ -657,14 +677,8 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
     first_block = 0  # of the expert tile
     for e0 in range(0, m, E_TILE):
         offs_e = e0 + tl.arange(0, E_TILE)
-        e_mask = offs_e < m
-        totals = tl.zeros([E_TILE], tl.int32)
-        earlier = tl.zeros([E_TILE], tl.int32)
-        for s in range(0, splits):
-            counts = tl.load(COUNTS + (g * splits + s) * M_PAD + offs_e,
-                             mask=e_mask, other=0)
-            totals += counts
-            earlier += tl.where(s < split, counts, 0)
+        totals, earlier = _split_counts(COUNTS, g, splits, split, offs_e,
+                                        offs_e < m, BLOCK_S, M_PAD)
         blocks = _blocks_of(totals, BLOCK)
         slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier
         first_block += tl.sum(blocks, 0)
@@ -701,10 +715,12 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
         if FUSED_TOPK:
             _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S, LOG_K)
         _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
-                       slots_per_group, num_blocks, BLOCK, BLOCK_I, M_PAD)
+                       slots_per_group, num_blocks, BLOCK, 2**LOG_S, BLOCK_I,
+                       M_PAD)
     if p < splits:
         _split_slots(EXPERT, COUNTS, SLOTS, g, p, n, m, chunk, splits,
-                     slots_per_group, BLOCK, BLOCK_I, E_TILE, M_PAD)
+                     slots_per_group, BLOCK, 2**LOG_S, BLOCK_I, E_TILE,
+                     M_PAD)
 
 
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
