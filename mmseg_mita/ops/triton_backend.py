@@ -238,7 +238,8 @@ def _token_of(keys):
 def _bit(DIMS: tl.constexpr, BIT: tl.constexpr):
     """Bit ``BIT`` of the position of each element of a hypercube (``DIMS``
     axes of 2, the last axis bit 0), broadcastable to it."""
-    return tl.reshape(tl.arange(0, 2), [1] * (DIMS - 1 - BIT) + [2] + [1] * BIT)
+    return tl.reshape(
+        tl.arange(0, 2), [1] * (DIMS - 1 - BIT) + [2] + [1] * BIT)
 
 
 @triton.jit

@@ -222,7 +222,8 @@ def test_expert_with_one_query_more_than_a_block(gpu_tiles, tiles):
 def test_counting_sort_matches_a_plain_reference(gpu_tiles, tiles, hw,
                                                  block):
     # The GPU's tiles: blocks of 64 queries, the keys pass in 2 splits
-    # (128 + 83 tokens), the sort reading 256 ids at a time.
+    # (128 + 83 tokens), the sort reading 64 ids at a time (the
+    # interpreter's: 64 ids, more than a split holds).
     if tiles:
         gpu_tiles(*tiles)
     g, m, d = 2, 6, 16
@@ -314,7 +315,7 @@ def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
 def test_tied_top_k_logits_match_reference(gpu_tiles):
     # Queries along one direction (so are the landmarks); keys 5, 60 and
     # 130 are one key far along it: tied logits, the largest of every
-    # landmark. The GPU's tiles (blocks of 16, 64-key tiles, 3 splits).
+    # landmark. The GPU's tiles (blocks of 32, 64-key tiles, 2 splits).
     gpu_tiles(90, torch.bfloat16)
     hw, d = (12, 12), 16
     q, k, v = aligned_qkv(1, 2, 1 + hw[0] * hw[1], d)
