@@ -990,7 +990,7 @@ class _Config:
         self.shared_n = self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
         self.block_q = self.block_p = 64
-        self.block_i = 64
+        self.block_i = 32
         warps = 4 if self.block_d <= 64 else 8
         if dtype == torch.float32:
             # IEEE float32 dots run on CUDA cores, from registers: smaller

@@ -222,7 +222,7 @@ def test_expert_with_one_query_more_than_a_block(gpu_tiles, tiles):
 def test_counting_sort_matches_a_plain_reference(gpu_tiles, tiles, hw,
                                                  block):
     # The GPU's tiles: blocks of 64 queries, the keys pass in 2 splits
-    # (128 + 83 tokens), the sort reading 64 ids at a time (the
+    # (128 + 83 tokens), the sort reading 32 ids at a time (the
     # interpreter's: 64 ids, more than a split holds).
     if tiles:
         gpu_tiles(*tiles)
