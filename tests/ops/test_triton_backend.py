@@ -14,6 +14,7 @@ padded head_dim and, at N = 82, one expert holding every query; the
 """
 import pytest
 import torch
+import torch.nn.functional as F
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
 from mita_testing import aligned_qkv, experts_of, random_qkv
@@ -290,11 +291,12 @@ def test_routing_is_the_first_argmax_and_nan_rows_go_to_expert_0(
 def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
                                                         topk):
     # Integer keys and queries, landmarks of 4 x 4 bins: R K^T exact in
-    # float32, with ties at the k-th value, and below 0 but for one key in
-    # 500 (the order of negative floats); key 7 is NaN, ranked above every
-    # number (as torch.topk ranks it). The GPU's tiles: 3 splits of the
-    # keys pass (128 + 128 + 1 tokens), top-k lists of 16 out of 64-key
-    # tiles (k = 10) and of one tile (k = 40); float32: 5 splits.
+    # float32, and below 0 but for one key in 500 (the order of negative
+    # floats); key 7 is NaN, ranked above every number (as torch.topk ranks
+    # it); the last key of landmark 0 is made its k-th key (a tie at the
+    # boundary, where the lower token must win). The GPU's tiles: 3 splits
+    # of the keys pass (128 + 128 + 1 tokens), top-k lists of 16 out of
+    # 64-key tiles (k = 10) and of one tile (k = 40); float32: 5 splits.
     if tiles:
         gpu_tiles(*tiles)
     hw, pool, g, d = (16, 16), (4, 4), 2, 16
@@ -302,14 +304,23 @@ def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
     q = torch.randint(1, 4, (1, g, 1 + 256, d), generator=gen).float()
     k = torch.randint(-3, 2, (1, g, 1 + 256, d), generator=gen).float()
     k[0, :, 7] = float('nan')
+
+    def ranks(marks):
+        logits = marks.double() @ k[0].double().transpose(1, 2)
+        return torch.where(logits.isnan(), float('inf'), logits)
+
+    marks = F.adaptive_avg_pool2d(
+        q[0, :, 1:].transpose(1, 2).reshape(g, d, *hw), pool)
+    order = torch.sort(-ranks(marks.flatten(2).transpose(1, 2))[0, 0],
+                       stable=True).indices
+    k[0, 0, order[-1]] = k[0, 0, order[topk - 1]]
     res = _fused_forward(q, k, torch.randn(q.shape), hw, 1, pool, topk)
-    logits = res['landmarks'].double() @ k[0].double().transpose(1, 2)
-    rank = torch.where(logits.isnan(), float('inf'), logits)
+    rank = ranks(res['landmarks'])
     want = torch.sort(-rank, stable=True).indices[..., :topk]
     assert torch.equal(res['topk_index'].sort(-1).values,
                        want.sort(-1).values)
-    kth = rank.sort(-1, descending=True).values[..., topk - 1:topk + 1]
-    assert (kth[..., 0] == kth[..., 1]).any()  # ties at the boundary
+    kth = rank[0, 0].sort(descending=True).values[topk - 1:topk + 1]
+    assert kth[0] == kth[1]  # the tie at the boundary
 
 
 def test_tied_top_k_logits_match_reference(gpu_tiles):
