@@ -1,7 +1,7 @@
 """The fused Triton pipeline on CPU through Triton's interpreter, against the
 dense float64 per-query reference (forward and gradients of q, k and v).
 
-``TRITON_INTERPRET=1`` is set by ``conftest.py`` of this directory when
+``TRITON_INTERPRET=1`` is set by ``tests/conftest.py`` when
 there is no GPU (before triton is first imported); with a GPU these tests
 skip and ``test_cuda_backends.py`` runs the compiled kernels. The
 interpreter has no float64 ``tl.dot``: float32 inputs are checked against the

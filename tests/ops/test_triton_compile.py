@@ -7,7 +7,7 @@ for ``sm_80``, ``sm_89`` and ``sm_90``, so every launch is compiled as a
 launch on that GPU would compile it (specialisation, block sizes,
 num_warps, num_stages), by triton's compiler and the ptxas of the triton
 wheel. All cases compile in child processes without ``TRITON_INTERPRET``
-(this process runs triton in its interpreter: ``conftest.py``), sharing
+(this process runs triton in its interpreter: ``tests/conftest.py``), sharing
 the session's triton cache: a compile is done once. N = 1025 and 4097 give
 every distinct compile (the block sizes change between them; float32 and
 the larger N compile nothing new); N = 65537 (6 heads, batch 1) gives the
