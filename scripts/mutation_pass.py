@@ -295,6 +295,12 @@ MUTATIONS = [
      'cube = _bitonic(cube, DIMS, run, 1)', TRITON_TOPK),
     ('Triton top-k: the k smallest of the list written', TRITON,
      'mask=offs_k >= K_PAD - k)', 'mask=offs_k < k)', TRITON_TOPK),
+    ('TRITON_INTERPRET set after a test module imports triton',
+     'tests/conftest.py', "    os.environ.setdefault('TRITON_INTERPRET', '1')",
+     '    pass', [
+         'tests/analysis/test_flops_variants.py',
+         TRITON_TEST_FILE + 'test_kernels_run_in_the_interpreter_without_a_gpu'
+     ]),
     ('Triton atomics acquire-release (the default sem)', TRITON,
      "tl.atomic_add(ptr, value, mask=mask, sem='relaxed')",
      'tl.atomic_add(ptr, value, mask=mask)',

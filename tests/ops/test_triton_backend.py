@@ -29,15 +29,21 @@ from mmseg_mita.ops import triton_backend  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(
-        not triton_backend.interpreted(),
-        reason='the kernels are compiled (a GPU is present, or triton was '
-        'imported before TRITON_INTERPRET=1 was set): CUDA runs are in '
-        'tests/ops/test_cuda_backends.py'),
+        torch.cuda.is_available(),
+        reason='a GPU is present: the kernels are compiled, and '
+        'tests/ops/test_cuda_backends.py runs them'),
     # The interpreter's own loop bounds (triton 3.6, numpy 1.25 to 2.3).
     pytest.mark.filterwarnings(
         'ignore:Conversion of an array with ndim > 0:DeprecationWarning'),
 ]
 BLOCK = 16  # queries per block in the interpreter (_Config)
+
+
+def test_kernels_run_in_the_interpreter_without_a_gpu():
+    # Were triton imported before TRITON_INTERPRET=1 is set (by any module
+    # a test imports), every test below would fail on CPU tensors.
+    assert triton_backend.interpreted(), (
+        'triton was imported before tests/conftest.py set TRITON_INTERPRET=1')
 
 
 @pytest.fixture
