@@ -10,14 +10,16 @@ leaves the CUDA code path as mmengine wrote it.
   the buffers' statistics methods, reached through ``getattr``), so
   ``tools/test.py``, ``--resume`` and ``load_from`` refuse every checkpoint
   mmengine wrote. Local checkpoint files are read by
-  :func:`mmseg_mita.safe_load.torch_load`: an allow-list admits tensors,
-  plain containers and exactly what mmengine's, timm's, DeiT's, mmpretrain's
-  and mmseg's checkpoints hold, and refuses anything else before any of it
-  runs (opt-in for trusted files: ``MMSEG_MITA_UNSAFE_LOAD=1``). A corrupt
-  or truncated file is reported as such, with its path and size, instead of
-  torch's zip/pickle internals; a zip checkpoint whose member fails its
-  CRC-32 check (a flipped bit, which ``torch.load`` does not notice) is
-  reported before it is loaded.
+  :func:`mmseg_mita.safe_load.load_checkpoint`: torch's weights-only
+  unpickler with exactly what mmengine's, timm's, DeiT's, mmpretrain's and
+  mmseg's checkpoints hold admitted for the load, after checks of what torch
+  does not check; anything else is refused before any of it runs (opt-in
+  for trusted files: ``MMSEG_MITA_UNSAFE_LOAD=1``). A corrupt or truncated
+  file is reported as such, with its path and size, instead of torch's
+  zip/pickle internals (a zip member failing its CRC-32 check too: a
+  flipped bit, which ``torch.load`` does not notice); safetensors files
+  load too, ``.npz`` files are refused with the command that converts
+  them.
 * Distributed training without CUDA (``--launcher pytorch|slurm`` with the
   gloo backend). mmengine's launchers call ``torch.cuda.set_device`` and
   its runner gives ``MMDistributedDataParallel`` ``device_ids``; both are
@@ -33,6 +35,14 @@ leaves the CUDA code path as mmengine wrote it.
   accelerator, although its ``autocast`` supports the CPU (bfloat16). On
   CPU it autocasts to bfloat16 without loss scaling: bfloat16 has the
   exponent range of float32, so gradients do not underflow.
+* ``compile=True``. mmengine 0.10.7 compiles ``model.train_step``,
+  which holds the optimizer step: dynamo fails inside torch's AdamW
+  (``InternalTorchDynamoError: 'UserDefinedDictVariable' object has no
+  attribute 'items'``) for every config. The runner now compiles the
+  network instead (:func:`mmseg_mita.models.compile.compile_network`: the
+  forward of the backbone, neck and heads) and leaves the data samples,
+  losses and optimizer step eager; ``compile=dict(...)`` passes its
+  options to ``torch.compile`` (an option it does not take is an error).
 * Datasets. A missing image folder surfaces as a bare ``FileNotFoundError``
   from ``os.scandir``, and an empty one makes ``InfiniteSampler`` loop
   forever on zero indices. mmseg's datasets now fail at construction,
@@ -42,19 +52,19 @@ import atexit
 import contextlib
 import functools
 import os.path as osp
-import pickle
 
 import torch
 import torch.distributed as dist
 from mmengine.device import get_device
 from mmengine.dist import utils as dist_utils
 from mmengine.logging import print_log
-from mmengine.model import MMDistributedDataParallel
+from mmengine.model import MMDistributedDataParallel, is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
+from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from mmseg_mita.converters.loading import is_zip, zip_damage
-from mmseg_mita.safe_load import torch_load
+from mmseg_mita.models.compile import compile_network, compile_options
+from mmseg_mita.safe_load import load_checkpoint
 
 _PATCHED = '_mmseg_mita_patched'
 
@@ -73,33 +83,10 @@ def _patch(owner, name: str, make_wrapper) -> None:
 
 
 def load_local_checkpoint(filename, map_location=None):
-    """mmengine's local-file checkpoint loader, unpickling through the
-    allow-list of :mod:`mmseg_mita.safe_load`, with a clear error for files
-    that are not complete checkpoints."""
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
-    damage = zip_damage(filename)
-    if damage is not None:
-        raise _damaged(filename, damage)
-    try:
-        return torch_load(filename, map_location=map_location)
-    except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as e:
-        # An intact zip failing is not damage; the legacy format (a pickle
-        # stream) or no checkpoint at all ends in a pickle error or EOF.
-        if is_zip(filename) or not (isinstance(
-                e, (pickle.UnpicklingError, EOFError)) or 'EOF' in str(e)):
-            raise
-        raise _damaged(filename, f'{type(e).__name__}: {e}') from e
-
-
-def _damaged(filename: str, cause: str) -> ValueError:
-    return ValueError(
-        f'checkpoint {filename} ({osp.getsize(filename)} bytes) is corrupt '
-        'or truncated, e.g. by an interrupted download, copy or save '
-        f'({cause}). Download, convert or save it again; to resume from an '
-        'earlier checkpoint instead, add `--cfg-options load_from=PATH` to '
-        '`--resume`.')
+    """mmengine's local-file checkpoint loader, reading through
+    :func:`mmseg_mita.safe_load.load_checkpoint` (``.npz`` files are
+    refused with the command that converts them)."""
+    return load_checkpoint(osp.expanduser(filename), map_location, npz=False)
 
 
 def allow_mmengine_checkpoints() -> None:
@@ -199,6 +186,33 @@ def allow_cpu_amp() -> None:
     _patch(AmpOptimWrapper, '__init__', _cpu_amp)
 
 
+# --- torch.compile ---------------------------------------------------------
+
+
+def _network_compiled(maybe_compile):
+    """``Runner._maybe_compile('train_step')`` compiling the network's
+    forward instead of the training step (other targets unchanged)."""
+
+    def wrapper(self, target):
+        cfg = self.cfg.get('compile', None)
+        if target != 'train_step' or cfg is None or cfg is False:
+            return maybe_compile(self, target)
+        options = compile_options(cfg)
+        model = self.model.module if is_model_wrapper(
+            self.model) else self.model
+        names = compile_network(model, **options)
+        self.logger.info(
+            f'compile: torch.compile({options or ""}) of the forward of '
+            f'{", ".join(names)}; data samples, losses and the optimizer '
+            'step stay eager. The first iterations compile (slow).')
+
+    return wrapper
+
+
+def compile_network_only() -> None:
+    _patch(Runner, '_maybe_compile', _network_compiled)
+
+
 # --- datasets --------------------------------------------------------------
 
 
@@ -241,4 +255,5 @@ def apply() -> None:
     allow_mmengine_checkpoints()
     allow_cpu_distributed()
     allow_cpu_amp()
+    compile_network_only()
     check_seg_datasets()

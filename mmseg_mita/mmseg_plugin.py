@@ -13,16 +13,21 @@ once:
   :mod:`mmseg_mita.datasets`);
 * mmengine's ``CheckpointLoader``: local files (the scheme with prefix
   ``''``) are read by :func:`mmseg_mita.compat.load_local_checkpoint`,
-  which unpickles through the allow-list of :mod:`mmseg_mita.safe_load`
-  and reports damaged files (this serves ``load_from``, ``--resume``,
-  ``tools/test.py`` and ``init_cfg=dict(type='Pretrained')``);
+  that is by :func:`mmseg_mita.safe_load.load_checkpoint`, which refuses
+  files that would run code and reports damaged ones (this serves
+  ``load_from``, ``--resume``, ``tools/test.py`` and
+  ``init_cfg=dict(type='Pretrained')``);
 * mmengine's ``_init_dist_pytorch`` / ``_init_dist_slurm``,
   ``MMDistributedDataParallel.__init__`` and ``AmpOptimWrapper.__init__``:
   wrapped to work without CUDA (the CUDA path is unchanged);
+* mmengine's ``Runner._maybe_compile``: ``compile=True`` compiles the
+  network's forward, not the training step with its optimizer (which
+  dynamo cannot trace);
 * mmseg's ``BaseSegDataset.load_data_list``: wrapped to name a missing or
   empty data folder.
 
-Nothing is added to torch's safe globals. Details: :mod:`mmseg_mita.compat`.
+Nothing is added to torch's safe globals (the loader admits its entries
+for the duration of a load only). Details: :mod:`mmseg_mita.compat`.
 """
 from . import compat
 from . import datasets, models  # noqa: F401  (fill mmseg's registries)

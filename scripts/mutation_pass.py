@@ -21,12 +21,18 @@ VIT = 'mmseg_mita/models/backbones/mita_vit.py'
 OP = 'mmseg_mita/ops/mita_attention.py'
 OPTIONS = 'mmseg_mita/ops/options.py'
 BACKENDS = 'mmseg_mita/ops/backends.py'
+DECLARATION = 'mmseg_mita/ops/declaration.py'
+PLAN = 'mmseg_mita/ops/plan.py'
 BACKEND_TEST = ['tests/ops/test_backends.py', 'tests/ops/test_variants.py']
 TRITON = 'mmseg_mita/ops/triton_backend.py'
 ROUTING = 'mmseg_mita/ops/routing.py'
 ROUTING_TEST = ['tests/ops/test_routing.py']
-TARGETS = 'mmseg_mita/benchmarks/targets.py'
-TARGETS_TEST = ['tests/benchmarks/test_targets.py']
+TARGETS = 'mmseg_mita/bench/targets.py'
+TARGETS_TEST = ['tests/bench/test_targets.py']
+COMPILE = 'mmseg_mita/models/compile.py'
+COMPILE_TEST = 'tests/models/test_compile.py::'
+SEGMENTOR = 'mmseg_mita/bench/segmentor.py'
+SEGMENTOR_TEST = 'tests/bench/test_segmentor.py::'
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 TRITON_TEST = ['tests/ops/test_triton_backend.py']
@@ -55,16 +61,18 @@ EXPORT = 'mmseg_mita/deploy/onnx_export.py'
 EXPORT_TEST = 'tests/deploy/test_export_onnx.py::'
 LOW = 'tests/ops/low_precision.py'
 LOW_TEST = ['tests/ops/test_low_precision.py']
-SAFE_LOAD = 'mmseg_mita/safe_load.py'
 SASS = 'mmseg_mita/bench/sass.py'
 SASS_TEST = ['tests/bench/test_sass.py']
 HARDWARE = 'mmseg_mita/bench/hardware.py'
 HARDWARE_TEST = ['tests/bench/test_hardware.py']
 MODEL = 'mmseg_mita/bench/kernels.py'
 MODEL_TEST = ['tests/bench/test_kernels.py']
-REFUSAL_TEST = [
-    'tests/test_safe_load.py::'
-    'test_crafted_checkpoint_is_refused_by_every_in_process_loader'
+SAFE_LOAD = 'mmseg_mita/safe_load/'
+ALLOWED, ARCHIVE, ERRORS, LOADER, SCAN = (
+    SAFE_LOAD + name + '.py'
+    for name in ('allowed', 'archive', 'errors', 'loader', 'scan'))
+ATTACK_TEST = [
+    'tests/test_safe_load.py::test_crafted_file_is_refused_everywhere'
 ]
 # name, file, old (must occur once), new, tests
 MUTATIONS = [
@@ -80,14 +88,39 @@ MUTATIONS = [
      'experts_per_query=min(options.experts_per_query, pool[0] * pool[1]))',
      'experts_per_query=options.experts_per_query)',
      ['tests/models/test_any_input_shape.py']),
-    ('a backend\'s declared head_dim limit not checked', BACKENDS,
+    ('a backend\'s declared head_dim limit not checked', DECLARATION,
      'if self.max_head_dim is not None and d > self.max_head_dim:',
      'if self.max_head_dim is not None and d > self.max_head_dim + 8:',
      BACKEND_TEST),
     ('auto ignoring what the first backend cannot run', BACKENDS,
-     '            if not backend.not_supported_reasons(q, k, v, options,',
-     '            if backend.name or backend.not_supported_reasons(q, k, v, options,',
+     '        if not reasons:',
+     "        if not reasons or name == 'auto':", BACKEND_TEST),
+    ('auto that finds no backend names the last candidate only', BACKENDS,
+     "refused[candidate] = '; '.join(reasons)",
+     "refused = {candidate: '; '.join(reasons)}", BACKEND_TEST),
+    ('triton imported with the operator (not deferred)', BACKENDS,
+     '    register_backend(_module.BACKEND)\n',
+     "    register_backend(_module.BACKEND)\nget_backend('triton')\n",
+     ['tests/test_package_imports.py::'
+      'test_operator_imports_with_torch_alone']),
+    ('triton collected by importlib (a graph break under torch.compile)',
+     BACKENDS, '    from .triton_backend import BACKEND  # imports triton',
+     "    BACKEND = __import__('importlib').import_module("
+     "'.triton_backend', __package__).BACKEND", TRITON_TEST),
+    ('plan: topk not clipped to N', PLAN, '    return min(topk, num_tokens)',
+     '    return topk', BACKEND_TEST),
+    ('options validated twice', OPTIONS,
+     "object.__setattr__(self, 'pool_size', _checked(self, prefix))",
+     "object.__setattr__(self, 'pool_size', _checked(self, prefix)) or "
+     '_checked(self, prefix)', BACKEND_TEST),
+    ('mita_cfg errors without the mita_cfg. prefix', OPTIONS,
+     'return cls(**fields, prefix=prefix)', 'return cls(**fields)',
      BACKEND_TEST),
+    ('set_attention_backend switches the backbone but not its layers', VIT,
+     '        self._use_mita(dataclasses.replace(self.mita, backend=backend),',
+     '        self.mita = dataclasses.replace(self.mita, backend=backend)\n'
+     '        (dataclasses.replace(self.mita, backend=backend),',
+     LAYER_TEST),
     ('attention dropout in eval mode', VIT,
      'dropout_p = mha.dropout if self.training else 0.0',
      'dropout_p = mha.dropout', LAYER_TEST),
@@ -102,42 +135,75 @@ MUTATIONS = [
     ('dropout without its 1 / (1 - p) rescale (torch backend)',
      'mmseg_mita/ops/torch_backend.py', 'used = used * mask / (1 - dropout_p)',
      'used = used * mask', CHECK_TEST),
-    ('bit-flipped checkpoint not reported (converter loader)',
-     'mmseg_mita/converters/loading.py', '    damage = zip_damage(path)\n',
-     '    damage = None\n', ['tests/converters/test_convert_vit.py']),
-    ("bit-flipped checkpoint not reported (mmengine's loader)",
-     'mmseg_mita/compat.py', '    damage = zip_damage(filename)\n',
-     '    damage = None\n', ['tests/test_bad_input.py']),
-    ('getattr admitted for any object (checkpoint allow-list)', SAFE_LOAD,
-     'if (obj is buffer or type(obj) is buffer) and',
-     'if True or', REFUSAL_TEST),
-    ('allow-list check skipped', SAFE_LOAD,
-     "if name not in ALLOWED_GLOBALS.get(module, ()):", 'if False:',
-     REFUSAL_TEST),
-    ('unsafe-load opt-in on by default', SAFE_LOAD,
-     'return os.environ.get(UNSAFE_ENV) == ',
-     "return os.environ.get(UNSAFE_ENV, '1') == ", REFUSAL_TEST),
-    ("mmengine's loader back to full unpickling", 'mmseg_mita/compat.py',
-     'return torch_load(filename, map_location=map_location)',
-     'return torch.load(filename, map_location=map_location, '
-     'weights_only=False)', REFUSAL_TEST),
-    ('importing the loader module adds a torch safe global', SAFE_LOAD,
-     "UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'",
-     "UNSAFE_ENV = 'MMSEG_MITA_UNSAFE_LOAD'; "
-     'torch.serialization.add_safe_globals([getattr])',
-     ['tests/test_package_imports.py::'
-      'test_operator_import_leaves_the_stack_untouched']),
+    ('bit-flipped checkpoint not reported', ARCHIVE,
+     '    if bad is not None:', '    if False:',
+     ['tests/test_bad_input.py::test_corrupt_checkpoint',
+      'tests/converters/test_convert_vit.py::'
+      'test_bit_flipped_file_is_refused']),
     ('damaged deflate stream of an .npz not caught (raw zlib.error)',
-     'mmseg_mita/converters/loading.py',
-     'except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:',
-     'except (zipfile.BadZipFile, EOFError, OSError) as e:',
+     ARCHIVE, 'except (zipfile.BadZipFile, zlib.error, EOFError, OSError,',
+     'except (zipfile.BadZipFile, EOFError, OSError,',
      ['tests/converters/test_convert_vit.py::'
       'test_npz_with_damaged_deflate_stream_is_refused']),
     ('zip whose directory offsets point outside the file not caught',
-     'mmseg_mita/converters/loading.py',
-     'except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:',
-     'except (zipfile.BadZipFile, zlib.error, EOFError) as e:',
+     ARCHIVE, 'except (zipfile.BadZipFile, zlib.error, EOFError, OSError,',
+     'except (zipfile.BadZipFile, zlib.error, EOFError,',
      ['tests/test_bad_input.py::test_corrupt_checkpoint']),
+    ("checkpoint loader: torch's and Python's zip readers not compared",
+     ARCHIVE, '        if by_torch != by_python:', '        if False:',
+     ATTACK_TEST),
+    ('checkpoint loader: TorchScript archive not refused', ARCHIVE,
+     "    if 'constants.pkl' in records:", '    if False:', ATTACK_TEST),
+    ('checkpoint loader: no bound on decompression', ARCHIVE,
+     '            if total > max(MAX_INFLATION * size, MIN_INFLATION_BOUND):',
+     '            if False:', ATTACK_TEST),
+    ('checkpoint loader: global names not checked before torch', SCAN,
+     '                if name not in ALLOWED:', '                if False:',
+     ATTACK_TEST),
+    ('checkpoint loader: zip storage claims not checked', SCAN,
+     '            if size != nbytes:', '            if False:', ATTACK_TEST),
+    ('checkpoint loader: legacy storages read past the end of the file',
+     SCAN, '            if len(header) < 8 or end > self.file_size:',
+     '            if len(header) < 8:', ATTACK_TEST),
+    ('checkpoint loader: claimed but unlisted legacy storage admitted',
+     SCAN, '        if unlisted:', '        if False:', ATTACK_TEST),
+    ('checkpoint loader: any codec and bytearray(n) admitted', SCAN,
+     "    '_codecs.encode': _encode,", "    # '_codecs.encode': _encode,",
+     ATTACK_TEST),
+    ('checkpoint loader: quantized tensor larger than its storage', SCAN,
+     '    if nbytes > storage.nbytes:', '    if False:', ATTACK_TEST),
+    ('checkpoint loader: numpy dtype state not checked', ALLOWED,
+     '        if not (type(state) is tuple and len(state) == 8',
+     '        if False and not (type(state) is tuple and len(state) == 8',
+     ATTACK_TEST),
+    ('checkpoint loader: numpy dtype kind not checked', ALLOWED,
+     '    if not (type(spec) is str and spec in NUMPY_DTYPES',
+     '    if not (type(spec) is str', ATTACK_TEST),
+    ('checkpoint loader: statistics methods of a HistoryBuffer not checked',
+     ALLOWED, '        if type(methods) is not dict or any(',
+     '        if type(methods) is not dict or False and any(', ATTACK_TEST),
+    ('checkpoint loader: getattr admitted for any HistoryBuffer attribute',
+     ALLOWED,
+     '    if owner is _PendingHistoryBuffer and name in STATISTICS:',
+     '    if owner is _PendingHistoryBuffer:', ATTACK_TEST),
+    ('checkpoint loader: pending objects not resolved', LOADER,
+     '    return resolve(loaded)', '    return loaded',
+     ['tests/test_checkpoint_formats.py']),
+    ('unsafe-load opt-in on by default', ERRORS,
+     'return os.environ.get(UNSAFE_ENV) == ',
+     "return os.environ.get(UNSAFE_ENV, '1') == ",
+     ['tests/test_safe_load.py::test_opt_in_loads_a_trusted_file']),
+    ("mmengine's loader back to full unpickling", 'mmseg_mita/compat.py',
+     'return load_checkpoint(osp.expanduser(filename), map_location, '
+     'npz=False)',
+     'return torch.load(filename, map_location=map_location, '
+     'weights_only=False)', ATTACK_TEST),
+    ("importing the loader adds torch safe globals", ALLOWED,
+     '_LOCK = threading.Lock()',
+     '_LOCK = threading.Lock(); torch.serialization.add_safe_globals('
+     'ENTRIES)',
+     ['tests/test_package_imports.py::'
+      'test_operator_import_leaves_the_stack_untouched']),
     ('FLOPs closed form without the routing matmul',
      'mmseg_mita/analysis/flop_handles.py', 'mita_routing=m * n * c,',
      'mita_routing=0,', ['tests/analysis/test_flops.py']),
@@ -174,7 +240,8 @@ MUTATIONS = [
      'agree = reference.argmax(1) == logits.argmax(1)',
      'agree = reference.argmax(0) == logits.argmax(0)',
      [EXPORT_TEST + 'test_compare_logits_counts_pixels_of_the_same_class']),
-    ('export tool: --min-agreement ignored', 'tools/export_onnx.py',
+    ('export tool: --min-agreement ignored',
+     'mmseg_mita/deploy/export_tool.py',
      'within_tolerance(result, args.atol, args.min_agreement)',
      'within_tolerance(result, args.atol, 0)',
      [EXPORT_TEST + 'test_tool_fails_on_swapped_classes']),
@@ -234,10 +301,44 @@ MUTATIONS = [
     ('GPU targets: encoder time ratio met when above the bound', TARGETS,
      'met=ratio <= bound', 'met=ratio >= bound', TARGETS_TEST),
     ('benchmark encoder: patch grid handed to attention as (W, H)',
-     'mmseg_mita/benchmarks/encoder.py',
+     'mmseg_mita/bench/models.py',
      'attend_hw = functools.partial(attend, hw=hw)',
      'attend_hw = functools.partial(attend, hw=hw[::-1])',
-     ['tests/benchmarks/test_encoder.py']),
+     ['tests/bench/test_encoder.py']),
+    ('compile=True compiling the training step with its optimizer again',
+     'mmseg_mita/compat.py',
+     "if target != 'train_step' or cfg is None or cfg is False:",
+     'if True:', [COMPILE_TEST + 'test_compiled_training_equals_eager']),
+    ('compile: the decode head left eager', COMPILE,
+     "NOT_NETWORK = ('data_preprocessor', )",
+     "NOT_NETWORK = ('data_preprocessor', 'decode_head')",
+     [COMPILE_TEST + 'test_the_network_parts_are_compiled_not_the_data_'
+      'preprocessor']),
+    ('compile: an option torch.compile does not take accepted', COMPILE,
+     '    if unknown:', '    if False:',
+     [COMPILE_TEST + 'test_compile_options_of_the_config_value']),
+    ('bench segmentor: the sliding window never set', SEGMENTOR,
+     "    if workload.kind == 'slide':", '    if False:',
+     [SEGMENTOR_TEST + 'test_sliding_window_runs_the_backbone_once_per_'
+      'window']),
+    ("bench segmentor: the optimizer's state left out of Mem", SEGMENTOR,
+     'kept += [t for s in state for t in s.values()]', 'kept += []',
+     [SEGMENTOR_TEST + 'test_memory_counts_the_weights_and_the_optimizer_'
+      'state']),
+    ('bench segmentor: fps over SDPA inverted', SEGMENTOR,
+     "r['fps_vs_sdpa'] = r['fps'] / sdpa", "r['fps_vs_sdpa'] = sdpa / r['fps']",
+     [SEGMENTOR_TEST + 'test_ratios_are_over_sdpa_and_over_eager']),
+    ('bench: patch grid as (W, H)', 'mmseg_mita/bench/workloads.py',
+     'return h, patches // h', 'return patches // h, h',
+     ['tests/bench/test_workloads.py']),
+    ('bench CLI: a common option added where not declared',
+     'mmseg_mita/bench/cli.py', "if 'repeats' in common:", 'if True:',
+     ['tests/bench/test_cli.py']),
+    ('bench gpu suite: a part that did not pass not failing the suite',
+     'mmseg_mita/bench/gpu.py',
+     "return 0 if all(p[1] == 'pass' for p in suite.parts) else 1",
+     'return 0', ['tests/bench/test_gpu.py::test_gpu_check_without_time_'
+                  'records_skipped_parts']),
     ('Triton pooling bins end at floor (no overlap)', TRITON,
      'return (bi * hgt // ph, ((bi + 1) * hgt + ph - 1) // ph,',
      'return (bi * hgt // ph, (bi + 1) * hgt // ph,', TRITON_TEST),
@@ -311,14 +412,16 @@ MUTATIONS = [
     ('Triton float32 dots on tf32', TRITON,
      "self.precision = 'ieee' if dtype == torch.float32 else 'tf32'",
      "self.precision = 'tf32'", TRITON_TEST),
-    ('Triton declared to take head_dim up to 127 only', BACKENDS,
-     'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=128,',
-     'dtypes=(torch.float32, ) + HALF_DTYPES, max_head_dim=127,',
-     TRITON_TEST),
+    ('Triton declared to take head_dim up to 127 only', TRITON,
+     'max_head_dim=128, max_experts_per_query=1,',
+     'max_head_dim=127, max_experts_per_query=1,', TRITON_TEST),
     ('SASS: GPU-scope fences not counted', SASS,
      "if parts[0] == 'MEMBAR' and set(parts[1:]) & {'GPU', 'SYS', 'GL'}:",
      "if parts[0] == 'MEMBAR' and set(parts[1:]) & {'SYS', 'GL'}:",
      SASS_TEST),
+    ('SASS: sm_90 relaxed atomics (REDG) not counted', SASS,
+     "GLOBAL_ATOMICS = ('ATOMG', 'ATOM', 'RED', 'REDG')",
+     "GLOBAL_ATOMICS = ('ATOMG', 'ATOM', 'RED')", SASS_TEST),
     ('SASS: spill stores counted 4 bytes whatever their width', SASS,
      "counts['spill_store_bytes'] += _width(parts[1:])",
      "counts['spill_store_bytes'] += 4", SASS_TEST),

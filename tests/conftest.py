@@ -1,12 +1,10 @@
 import os
 import os.path as osp
-import sys
 
 import pytest
 import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
 # Without a GPU the Triton kernels run in Triton's interpreter: the variable
 # only takes effect before triton is first imported, and test modules
 # import it indirectly (``torch.utils.flop_counter`` imports triton), so it
@@ -24,7 +22,7 @@ def repo_root():
 @pytest.fixture(scope='session')
 def demo_data(tmp_path_factory):
     """A small demo dataset in ADE20K's layout, shared by the session."""
-    from make_demo_data import make_dataset
+    from mmseg_mita.datasets.demo_data import make_dataset
     out = str(tmp_path_factory.mktemp('data') / 'demo_ade')
     make_dataset(out, num_train=16, num_val=4, size=96, seed=0)
     return out

@@ -8,8 +8,7 @@ import subprocess
 import sys
 import zipfile
 
-from make_demo_data import CLASSES
-from run_demo import majority_class_miou
+from mmseg_mita.datasets.demo_data import CLASSES, majority_class_miou
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO_CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
@@ -141,36 +140,3 @@ def scheduled_end(cfg, scheduler):
     its ``end``, or, without one, the train loop's ``max_iters`` (what
     mmengine's Runner sets by default)."""
     return scheduler.get('end', cfg.train_cfg.max_iters)
-
-
-class _Call:
-    """Pickles as the call ``fn(*args)``: unpickling it makes the call."""
-
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def __call__(self, *args):
-        raise AssertionError('only pickled')
-
-    def __reduce__(self):
-        return self.fn, self.args
-
-
-def crafted_checkpoint(path, marker, legacy=False, via_getattr=False):
-    """A checkpoint file at ``path`` (torch's zip format, or the legacy
-    one) whose unpickling creates the file ``marker``: by calling ``open``
-    directly, or (``via_getattr``) reaching it from the allowed
-    ``HistoryBuffer`` class through ``getattr`` alone."""
-    import torch
-    from mmengine.logging.history_buffer import HistoryBuffer
-    if via_getattr:  # HistoryBuffer.update.__globals__['__builtins__']
-        globs = _Call(getattr, _Call(getattr, HistoryBuffer, 'update'),
-                      '__globals__')
-        builtins = _Call(_Call(getattr, globs, 'get'), '__builtins__')
-        opener = _Call(_Call(getattr, builtins, 'get'), 'open')
-    else:
-        opener = open
-    torch.save({'meta': {}, 'state_dict': {'w': torch.zeros(2)},
-                'payload': _Call(opener, str(marker), 'w')}, str(path),
-               _use_new_zipfile_serialization=not legacy)
-    return str(path)

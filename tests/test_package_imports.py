@@ -14,10 +14,13 @@ STATE = ('import mmengine.runner, torch\n'
          'print(loader.__module__, loader.__name__, sorted(\n'
          '    f"{g.__module__}.{g.__qualname__}"\n'
          '    for g in torch.serialization.get_safe_globals()))\n')
-# The GPU check's tools run where only torch, triton, numpy and pytest are;
-# the benchmark modules must not even need triton.
-BENCHMARKS = ('mmseg_mita.benchmarks.encoder, mmseg_mita.benchmarks.graphs, '
-              'mmseg_mita.benchmarks.targets')
+# The GPU suite's subcommands run where only torch, triton, numpy and
+# pytest are; their modules must not even need triton.
+BENCH = ', '.join(
+    f'mmseg_mita.bench.{m}'
+    for m in ('cli', 'measure', 'record', 'report', 'workloads', 'graphs',
+              'launch_counter', 'models', 'targets', 'op', 'op_shapes',
+              'encoder', 'throughput_1d', 'launches', 'gpu', '__main__'))
 
 
 def _python(code: str, lines: int = 1) -> str:
@@ -31,10 +34,9 @@ def _python(code: str, lines: int = 1) -> str:
 def test_operator_imports_with_torch_alone():
     loaded = _python(
         'import sys\n'
-        'import mmseg_mita, mmseg_mita.ops, mmseg_mita.benchmarks, '
+        'import mmseg_mita, mmseg_mita.ops, mmseg_mita.bench, '
         'mmseg_mita.utils, mmseg_mita.safe_load\n'
-        'import mmseg_mita.benchmarks.launches\n'
-        f'import {BENCHMARKS}\n'
+        f'import {BENCH}\n'
         'print(sorted({m.split(".")[0] for m in sys.modules} & '
         f'{set(STACK + ("triton",))}))')
     assert loaded == '[]'
@@ -51,7 +53,7 @@ def test_operator_import_leaves_the_stack_untouched(untouched):
     meta_path = 'import sys\nfinders = list(sys.meta_path)\n'
     after = _python(
         meta_path + 'import mmseg_mita, mmseg_mita.ops, '
-        'mmseg_mita.benchmarks, mmseg_mita.utils, mmseg_mita.safe_load\n'
+        'mmseg_mita.bench, mmseg_mita.utils, mmseg_mita.safe_load\n'
         'assert sys.meta_path == finders, sys.meta_path\n'
         'import mmseg\nfrom mmseg.registry import MODELS\n'
         'assert MODELS.get("MiTAViT") is None\n' + STATE)

@@ -7,36 +7,17 @@
    class, the floor that a model which learned nothing would reach.
 """
 import argparse
-import glob
 import os.path as osp
 import re
 import subprocess
 import sys
 
-import cv2
-import numpy as np
+from mmseg_mita.datasets.demo_data import (CLASSES, majority_class_miou,
+                                           make_dataset)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
-from make_demo_data import CLASSES, make_dataset  # noqa: E402
 
 DEFAULT_CONFIG = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
-
-
-def majority_class_miou(ann_dir: str, num_classes: int) -> float:
-    """mIoU (%) of predicting the most frequent class on every pixel.
-
-    With reduce_zero_label, annotation 0 is ignored and c in 1..C is class
-    c - 1. The majority class's IoU is its share of valid pixels; every other
-    class present has IoU 0 (mmseg's IoUMetric averages over present
-    classes)."""
-    counts = np.zeros(num_classes + 1, np.int64)
-    for path in glob.glob(osp.join(ann_dir, '*.png')):
-        ann = cv2.imread(path, cv2.IMREAD_UNCHANGED)
-        counts += np.bincount(ann.ravel(), minlength=num_classes + 1)
-    valid = counts[1:]
-    present = int((valid > 0).sum())
-    return 100.0 * valid.max() / valid.sum() / present
 
 
 def run(cmd):

@@ -55,6 +55,9 @@ import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from . import hardware, sass
+from .cli import UsageError
+from .record import document, finish
+from .report import Column, format_table
 from .triton_aot import DTYPES, CallShape, Case, compile_isolated
 
 SCHEDULERS = 4  # warp schedulers per SM, one instruction per clock each
@@ -303,9 +306,12 @@ def per_program(launch: dict, trips: Sequence[float]) -> dict:
     loops = max((max(r['loops']) + 1 for r in launch['regions']
                  if r['loops']), default=0)
     if loops != len(trips):
+        where = ''.join(f'\n  loop {i}: {source}'
+                        for i, source in enumerate(launch.get('loops', [])))
         raise ValueError(
             f"{launch['name']}: {loops} loops in its SASS, {len(trips)} trip "
-            'counts in mmseg_mita.bench.kernels.KERNELS: update its trips')
+            'counts in mmseg_mita.bench.kernels.KERNELS: update its trips '
+            f'(SASS loops in address order, by source line):{where}')
     total, mma = {}, {}
     for region in launch['regions']:
         weight = math.prod(trips[i] for i in region['loops'])
@@ -320,8 +326,8 @@ def per_program(launch: dict, trips: Sequence[float]) -> dict:
 def estimate(launch: dict, model: KernelModel, moved: float,
              part: hardware.Part = hardware.TIMED_PART) -> dict:
     """The SASS estimate of one Triton launch on ``part`` (see the module
-    docstring): seconds (None when a block does not fit), and what it is
-    made of."""
+    docstring): ``estimate_s`` (None when a block does not fit), and what
+    it is made of."""
     args = Args(launch)
     facts = hardware.arch(part.arch)
     warps = launch['num_warps']
@@ -332,7 +338,7 @@ def estimate(launch: dict, model: KernelModel, moved: float,
                                       launch['shared'])
     out = dict(programs=programs, instructions_per_warp=work['instructions'],
                atomics_per_warp=work['atomics'],
-               fences_per_warp=work['gpu_fences'], seconds=None)
+               fences_per_warp=work['gpu_fences'], estimate_s=None)
     if not resident:
         return out
     unknown = set(work['mma']) - set(facts.mma_per_clock)
@@ -351,8 +357,8 @@ def estimate(launch: dict, model: KernelModel, moved: float,
     busy = min(programs, part.sms) / part.sms
     memory = traffic / (part.hbm_bytes_per_s * busy) if programs else 0.0
     out.update(issue_cycles=issue, tensor_cycles=tensor, spill_cycles=spill,
-               sm_seconds=cycles / part.clock_hz, memory_seconds=memory,
-               seconds=max(cycles / part.clock_hz, memory))
+               sm_s=cycles / part.clock_hz, memory_s=memory,
+               estimate_s=max(cycles / part.clock_hz, memory))
     return out
 
 
@@ -389,8 +395,7 @@ def launch_row(launch: dict, arch: int, dtype: str) -> dict:
         bytes=moved, flops=flops, roofline_s=roofline(moved, flops, dtype),
         **{f: static[f] for f in STATIC_FIELDS})
     if arch == hardware.TIMED_PART.arch:
-        row['estimate'] = estimate(launch, model, moved)
-        row['estimate_s'] = row['estimate']['seconds']
+        row.update(estimate(launch, model, moved))
     return row
 
 
@@ -401,39 +406,46 @@ def _sum(values):
 
 def call_report(result: dict) -> dict:
     """One compiled call (:func:`~.triton_aot.compile_isolated`'s dict):
-    its launch rows and, per stage ('forward', 'backward', 'total'), the
-    pipeline's roofline and estimate sums beside full attention's."""
+    a row per launch (the call's arch, dtype and shape in each), and per
+    stage ('forward', 'backward', 'total') the pipeline's roofline and
+    estimate sums beside full attention's."""
     shape = CallShape(**result['shape'])
-    rows = [launch_row(launch, result['arch'], result['dtype'])
+    context = dict(arch=result['arch'], dtype=result['dtype'],
+                   tokens=shape.tokens, batch=shape.batch, heads=shape.heads,
+                   head_dim=shape.head_dim)
+    rows = [dict(context, **launch_row(launch, result['arch'],
+                                       result['dtype']))
             for launch in result['launches']]
-    stages = {}
+    stages = []
     for stage in ('forward', 'backward', 'total'):
         mine = [r for r in rows if stage in ('total', r['stage'])]
-        stages[stage] = dict(
-            launches=len(mine), roofline_s=_sum(r['roofline_s']
-                                                for r in mine),
-            estimate_s=_sum(r.get('estimate_s') for r in mine),
-            attention=attention_roofline(shape, result['dtype'], stage))
-    return dict(arch=result['arch'], dtype=result['dtype'],
-                shape=result['shape'], launches=rows, stages=stages)
+        attention = attention_roofline(shape, result['dtype'], stage)
+        stages.append(
+            dict(context, stage=stage, launches=len(mine),
+                 roofline_s=_sum(r['roofline_s'] for r in mine),
+                 estimate_s=_sum(r.get('estimate_s') for r in mine),
+                 attention_roofline_s=attention['roofline_s'],
+                 attention_bytes=attention['bytes'],
+                 attention_flops=attention['flops']))
+    return dict(rows=rows, stages=stages)
 
 
-def _target(target: Target, calls: List[dict]) -> dict:
-    timed = [c for c in calls if c['arch'] == hardware.TIMED_PART.arch]
+def _target(target: Target, rows: List[dict], stages: List[dict]) -> dict:
+    timed = hardware.TIMED_PART.arch
     row = dict(target._asdict(), value=None, met=None, why=None)
     if target.what == 'kernel_estimate':
         ratios = [(r['estimate_s'] / r['roofline_s']
                    if r['estimate_s'] is not None else math.inf)
-                  for c in timed for r in c['launches']
-                  if r['kind'] == 'triton']
+                  for r in rows if r['arch'] == timed
+                  and r['kind'] == 'triton']
         if ratios:
             row['value'] = max(ratios)
     else:
-        found = [c['stages']['total'] for c in timed
-                 if c['shape']['tokens'] == target.tokens]
+        found = [s for s in stages if s['arch'] == timed and
+                 s['stage'] == 'total' and s['tokens'] == target.tokens]
         if found and found[0][f'{target.what}_s'] is not None:
             row['value'] = (found[0][f'{target.what}_s'] /
-                            found[0]['attention']['roofline_s'])
+                            found[0]['attention_roofline_s'])
     if row['value'] is None:
         row['why'] = 'no sm_90 call at this shape in the report'
     elif math.isinf(row['value']):
@@ -443,83 +455,92 @@ def _target(target: Target, calls: List[dict]) -> dict:
 
 
 def report(results: List[dict]) -> dict:
-    """The model's report of compiled calls: every call (:func:`call_report`)
-    and the :data:`TARGETS`, with the model's constants."""
-    calls = [call_report(r) for r in results]
+    """The model's report of compiled calls: ``rows`` (one per launch),
+    ``stages`` (per call and stage: sums beside full attention), the
+    :data:`TARGETS` and the model's constants."""
+    rows, stages = [], []
+    for result in results:
+        call = call_report(result)
+        rows += call['rows']
+        stages += call['stages']
     part = hardware.TIMED_PART
     return dict(
-        timed_part=part._asdict(), clock_hz=part.clock_hz,
-        constants=dict(schedulers=SCHEDULERS,
-                       l1_bytes_per_clock=L1_BYTES_PER_CLOCK,
-                       fence_cycles=FENCE_CYCLES), calls=calls,
-        targets=[_target(t, calls) for t in TARGETS])
+        rows=rows, stages=stages,
+        targets=[_target(t, rows, stages) for t in TARGETS],
+        model=dict(timed_part=part._asdict(), clock_hz=part.clock_hz,
+                   schedulers=SCHEDULERS,
+                   l1_bytes_per_clock=L1_BYTES_PER_CLOCK,
+                   fence_cycles=FENCE_CYCLES))
 
 
 def _us(seconds) -> str:
-    return '-' if seconds is None else f'{seconds * 1e6:.1f}'
+    return f'{seconds * 1e6:.1f}'
 
 
-def _call(call: dict) -> str:
-    shape = call['shape']
-    return f"{shape['tokens']} x {shape['batch'] * shape['heads']}"
+def _shape_of(row: dict) -> str:
+    return f"{row['tokens']} x {row['batch'] * row['heads']}"
 
 
-def markdown(rep: dict) -> str:
-    """The report as markdown tables: resources per target, time per kernel
-    on the H200, per call, and the targets."""
-    lines = [
-        '| target | kernel | N x BH | grid | warps | regs | spill st / ld '
-        'B | smem KB | fits | blocks/SM | waves | GPU fences | atomics |',
-        '|---|---|---|---|---:|---:|---|---:|---|---:|---:|---:|---:|'
-    ]
-    for call in rep['calls']:
-        for r in call['launches']:
-            if r['kind'] != 'triton':
-                continue
-            waves = '-' if r['waves'] is None else f"{r['waves']:.2f}"
-            lines.append(
-                f"| sm_{call['arch']} | {r['name']} | {_call(call)} | "
-                f"{'x'.join(map(str, r['grid']))} | {r['num_warps']} | "
-                f"{r['registers']} | {r['spill_store_bytes']} / "
-                f"{r['spill_load_bytes']} | {r['shared'] / 1024:.1f} | "
-                f"{'yes' if r['fits'] else 'NO'} | {r['blocks_per_sm']} | "
-                f"{waves} | {r['gpu_fences']} | {r['atomics']} |")
-    lines += [
-        '', '| kernel (H200) | N x BH | stage | MB | GFLOP | roofline us | '
-        'estimate us | estimate / roofline |', '|---|---|---|---:|---:|---:|'
-        '---:|---:|'
-    ]
-    timed = [c for c in rep['calls']
-             if c['arch'] == hardware.TIMED_PART.arch]
-    for call in timed:
-        for r in call['launches']:
-            ratio = ('-' if r['estimate_s'] is None else
-                     f"{r['estimate_s'] / r['roofline_s']:.1f}")
-            lines.append(
-                f"| {r['name']} | {_call(call)} | {r['stage']} | "
-                f"{r['bytes'] / 1e6:.2f} | {r['flops'] / 1e9:.2f} | "
-                f"{_us(r['roofline_s'])} | {_us(r['estimate_s'])} | {ratio} |")
-    lines += [
-        '', '| N x BH (H200) | stage | launches | MiTA roofline us | MiTA '
-        'estimate us | attention roofline us | attention roofline / MiTA '
-        'estimate |', '|---|---|---:|---:|---:|---:|---:|'
-    ]
-    for call in timed:
-        for stage, s in call['stages'].items():
-            att = s['attention']['roofline_s']
-            ratio = ('-' if s['estimate_s'] is None else
-                     f"{att / s['estimate_s']:.2f}")
-            lines.append(
-                f"| {_call(call)} | {stage} | {s['launches']} | "
-                f"{_us(s['roofline_s'])} | {_us(s['estimate_s'])} | "
-                f"{_us(att)} | {ratio} |")
-    lines += ['', '| target | value | at most | met |', '|---|---:|---:|---|']
-    for t in rep['targets']:
-        value = '-' if t['value'] is None else f"{t['value']:.3g}"
-        met = 'yes' if t['met'] else 'no' + (f" ({t['why']})"
-                                             if t['why'] else '')
-        lines.append(f"| {t['key']} | {value} | {t['ratio']:g} | {met} |")
-    return '\n'.join(lines) + '\n'
+RESOURCES = [
+    Column('target', lambda r: f"sm_{r['arch']}", left=True),
+    Column('kernel', 'name', left=True),
+    Column('N x BH', _shape_of, left=True),
+    Column('grid', lambda r: 'x'.join(map(str, r['grid'])), left=True),
+    Column('warps', 'num_warps'),
+    Column('regs', 'registers'),
+    Column('spill st / ld B', lambda r: f"{r['spill_store_bytes']} / "
+           f"{r['spill_load_bytes']}"),
+    Column('smem KB', 'shared', lambda v: f'{v / 1024:.1f}'),
+    Column('fits', 'fits', lambda v: 'yes' if v else 'NO', left=True),
+    Column('blocks/SM', 'blocks_per_sm'),
+    Column('waves', 'waves', '{:.2f}'),
+    Column('GPU fences', 'gpu_fences'),
+    Column('atomics', 'atomics'),
+]
+TIMES = [
+    Column('kernel (H200)', 'name', left=True),
+    Column('N x BH', _shape_of, left=True),
+    Column('stage', 'stage', left=True),
+    Column('MB', 'bytes', lambda v: f'{v / 1e6:.2f}'),
+    Column('GFLOP', 'flops', lambda v: f'{v / 1e9:.2f}'),
+    Column('roofline us', 'roofline_s', _us),
+    Column('estimate us', 'estimate_s', _us),
+    Column('estimate / roofline', lambda r: None if r['estimate_s'] is None
+           else r['estimate_s'] / r['roofline_s'], '{:.1f}'),
+]
+CALLS = [
+    Column('N x BH (H200)', _shape_of, left=True),
+    Column('stage', 'stage', left=True),
+    Column('launches', 'launches'),
+    Column('MiTA roofline us', 'roofline_s', _us),
+    Column('MiTA estimate us', 'estimate_s', _us),
+    Column('attention roofline us', 'attention_roofline_s', _us),
+    Column('attention roofline / MiTA estimate',
+           lambda r: None if r['estimate_s'] is None else
+           r['attention_roofline_s'] / r['estimate_s'], '{:.2f}'),
+]
+GOALS = [
+    Column('target', 'key', left=True),
+    Column('value', 'value', '{:.3g}'),
+    Column('at most', 'ratio', '{:g}'),
+    Column('met', lambda r: 'yes' if r['met'] else 'no' + (
+        f" ({r['why']})" if r['why'] else ''), left=True),
+]
+
+
+def table(doc: dict, markdown: bool) -> str:
+    """The report's tables: resources per target, time per launch on the
+    H200, per call, and the targets."""
+    timed = hardware.TIMED_PART.arch
+    return '\n\n'.join([
+        format_table([r for r in doc['rows'] if r['kind'] == 'triton'],
+                     RESOURCES, markdown),
+        format_table([r for r in doc['rows'] if r['arch'] == timed], TIMES,
+                     markdown),
+        format_table([s for s in doc['stages'] if s['arch'] == timed],
+                     CALLS, markdown),
+        format_table(doc['targets'], GOALS, markdown)
+    ])
 
 
 def _shape(text: str) -> CallShape:
@@ -563,14 +584,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Compiles, models, prints the markdown (and writes ``--json`` /
-    ``--markdown``); exit code 0 (targets are reported, not enforced)."""
-    from mmseg_mita.utils.io import write_atomic, write_json
-    shapes = [
-        shape._replace(heads=args.heads, head_dim=args.head_dim,
-                       pool=args.pool, topk=args.topk).check()
-        for shape in args.shapes
-    ]
+    """Compiles, models, prints the tables (and writes ``--json`` /
+    ``--markdown``); exit status 0 (the targets are reported, not
+    enforced)."""
+    try:
+        shapes = [
+            shape._replace(heads=args.heads, head_dim=args.head_dim,
+                           pool=args.pool, topk=args.topk).check()
+            for shape in args.shapes
+        ]
+    except ValueError as error:
+        raise UsageError(f'--shapes: {error}') from None
     cases = [Case(arch, args.dtype, shape)
              for arch in args.archs for shape in shapes]
     results = compile_isolated(cases, args.cache_dir,
@@ -578,25 +602,8 @@ def run(args: argparse.Namespace) -> int:
                                workers=args.workers)
     if args.sass_dir:
         _write_sass(results, args.sass_dir)
-    rep = report(results)
-    rep['dtype'] = args.dtype
-    text = markdown(rep)
-    print(text, end='')
-    if getattr(args, 'json', None):
-        write_json(rep, args.json)
-    if getattr(args, 'markdown', None):
-
-        def write(tmp):
-            with open(tmp, 'w') as f:
-                f.write(text)
-
-        write_atomic(args.markdown, write)
+    doc = document(args)
+    doc.update(report(results))
+    finish(doc, args, table)
     return 0
 
-
-if __name__ == '__main__':
-    _parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    _parser.add_argument('--json')
-    _parser.add_argument('--markdown')
-    raise SystemExit(run(_parser.parse_args()))

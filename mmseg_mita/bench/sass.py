@@ -14,7 +14,8 @@ loop):
   ``HMMA.16816`` is 16 x 8 x 16 for its warp, an ``HGMMA.64x64x16`` is
   64 x 64 x 16 for its warpgroup of 4 warps, so a quarter per warp;
 * ``atomics`` and ``atomic_bytes``: global atomic instructions
-  (``ATOMG``, ``ATOM``, ``RED``) and the bytes a warp moves with them
+  (``ATOMG``, ``ATOM``, ``RED``; ``REDG`` on sm_90: a relaxed
+  ``tl.atomic_add``) and the bytes a warp moves with them
   (32 lanes x the vector width, e.g. 16 for ``F32x4``);
 * ``gpu_fences``: ``MEMBAR`` at GPU or system scope (``MEMBAR.ALL.GPU``,
   ``MEMBAR.SC.GPU``... ; ``MEMBAR.ALL.CTA`` is CTA scope and not counted)
@@ -23,6 +24,12 @@ loop):
 * ``spill_store_bytes`` / ``spill_load_bytes``: per thread, the widths of
   ``STL`` / ``LDL`` (Triton keeps no arrays in local memory, so these are
   register spills; the totals equal ``ptxas -v``'s spill stores / loads).
+
+:func:`source_lines` reads the source line of each instruction from
+``nvdisasm --print-line-info``: a loop's line (that of its backward
+branch) names the ``for`` it comes from. One source loop may give two SASS
+loops (unrolled, with a remainder loop) and an inlined helper's loop
+appears once per call.
 """
 import re
 from collections import Counter
@@ -32,10 +39,12 @@ _LINE = re.compile(
     r'^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;\s*/\*\s*0x[0-9a-f]+\s*\*/')
 _PREDICATE = re.compile(r'^@!?U?P[T0-9]+\s+')
 _TARGET = re.compile(r'\b0x([0-9a-f]+)\b')
+_SOURCE = re.compile(r'//## File "(.*)", line (\d+)')
+_ADDRESS = re.compile(r'^\s*/\*([0-9a-f]+)\*/')
 _HGMMA = re.compile(r'^(\d+)x(\d+)x(\d+)$')
 # mma.sync shapes as HMMA spells them (M, N, K).
 HMMA_SHAPES = {'16816': (16, 8, 16), '1688': (16, 8, 8), '884': (8, 8, 4)}
-GLOBAL_ATOMICS = ('ATOMG', 'ATOM', 'RED')
+GLOBAL_ATOMICS = ('ATOMG', 'ATOM', 'RED', 'REDG')  # not REDUX (a warp sum)
 FIELDS = ('instructions', 'atomics', 'atomic_bytes', 'gpu_fences',
           'l1_invalidations', 'spill_store_bytes', 'spill_load_bytes')
 
@@ -93,6 +102,21 @@ def loops(instructions: List[Instruction]) -> List[Tuple[int, int]]:
         if target is not None and target <= ins.address:
             ends[target] = max(ends.get(target, target), ins.address)
     return sorted(ends.items(), key=lambda span: (span[0], -span[1]))
+
+
+def source_lines(text: str) -> Dict[int, Tuple[str, int]]:
+    """Address -> (file, line) of each instruction, from the output of
+    ``nvdisasm --print-line-info`` (Triton compiles with line info)."""
+    found, where = {}, None
+    for line in text.splitlines():
+        source = _SOURCE.search(line)
+        if source:
+            where = source.group(1), int(source.group(2))
+            continue
+        address = _ADDRESS.match(line)
+        if address and where is not None:
+            found[int(address.group(1), 16)] = where
+    return found
 
 
 def _width(modifiers: List[str]) -> int:

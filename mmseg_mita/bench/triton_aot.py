@@ -4,9 +4,10 @@ without one.
 :func:`compile_call` runs the backend's own launch code, the custom ops
 ``mmseg_mita::mita_triton_fwd`` and, through autograd,
 ``mmseg_mita::mita_triton_bwd`` (the Python implementations, ``_forward``
-and ``_backward``; the entry :func:`~mmseg_mita.ops.triton_backend.mita_triton`
-adds only the dtype cast and an autocast guard, which do not run on ``meta``
-tensors), on ``meta`` tensors, with a stand-in Triton driver
+and ``_backward``; the entry
+:func:`~mmseg_mita.ops.triton_backend.mita_triton` adds only the dtype cast
+and an autocast guard, which do not run on ``meta`` tensors), on ``meta``
+tensors, with a stand-in Triton driver
 (:class:`StubDriver`) whose current target is ``GPUTarget('cuda', arch,
 32)``. Each ``kernel[grid](...)`` then goes through triton's own
 ``JITFunction.run``: the same argument specialisation, constexprs,
@@ -16,8 +17,8 @@ identical compiles hit it), and at the launch the stand-in records it
 instead: grid, launch arguments, num_warps, num_stages, shared memory, and
 from the cubin (``cuobjdump`` of the wheel) registers, stack and the SASS
 (:mod:`.sass`), with the compile time. ATen ops of the call that launch
-work (:class:`~mmseg_mita.benchmarks.launches.LaunchCounter`'s rule: not
-views, allocations or metadata) are recorded too, with their shapes.
+work (:class:`~.launch_counter.LaunchCounter`'s rule: not views,
+allocations or metadata) are recorded too, with their shapes.
 
 Inside :func:`compiling_for` triton's active driver, every JIT function's
 per-device cache (so that a compile for one target never serves another),
@@ -39,6 +40,7 @@ import contextlib
 import functools
 import io
 import json
+import linecache
 import math
 import os
 import re
@@ -47,12 +49,12 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from mmseg_mita.benchmarks.launches import LaunchCounter
 from . import hardware, sass
+from .launch_counter import LaunchCounter
 
 DTYPES = dict(bfloat16=torch.bfloat16, float16=torch.float16,
               float32=torch.float32)
@@ -104,19 +106,25 @@ def _tool(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _disassemble(cubin: bytes):
-    """(registers, stack bytes, SASS text) of a one-kernel cubin."""
+def _disassemble(cubin: bytes) -> '_Binary':
+    """Registers, stack bytes, SASS text and source lines of a one-kernel
+    cubin."""
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.check_output([_tool('cuobjdump'), '-res-usage',
-                                         f.name], text=True)
-        text = subprocess.check_output([_tool('cuobjdump'), '-sass', f.name],
-                                       text=True, stderr=subprocess.DEVNULL)
+
+        def tool(name, *options):
+            return subprocess.check_output([_tool(name), *options, f.name],
+                                           text=True,
+                                           stderr=subprocess.DEVNULL)
+
+        usage = tool('cuobjdump', '-res-usage')
+        text = tool('cuobjdump', '-sass')
+        lines = sass.source_lines(tool('nvdisasm', '-c', '--print-line-info'))
     fields = dict(
         item.split(':', 1) for line in usage.splitlines()
         if 'REG:' in line for item in line.split())
-    return int(fields['REG']), int(fields['STACK']), text
+    return _Binary(int(fields['REG']), int(fields['STACK']), text, lines)
 
 
 def _ptxas_report(log: str) -> Optional[dict]:
@@ -136,6 +144,7 @@ class _Binary(NamedTuple):
     registers: int
     stack: int
     sass: str
+    lines: Dict[int, Tuple[str, int]]  # address -> source file, line
 
 
 class _Utils:
@@ -152,12 +161,11 @@ class _Utils:
                     multiprocessor_count=part.sms, warpSize=32)
 
     def load_binary(self, name, cubin, shared, device):
-        registers, stack, text = _disassemble(cubin)
+        binary = _disassemble(cubin)
         warps = self.facts.registers_per_sm // hardware.registers_per_warp(
-            self.facts, registers)
-        max_threads = min(1024, warps * 32)
-        return None, _Binary(registers, stack, text), registers, stack // 4, \
-            max_threads
+            self.facts, binary.registers)
+        return (None, binary, binary.registers, binary.stack // 4,
+                min(1024, warps * 32))
 
 
 class _Launcher:
@@ -209,6 +217,16 @@ class StubDriver:
 
     def get_benchmarker(self):
         raise RuntimeError('nothing runs on a stand-in driver')
+
+
+def _source(where) -> Optional[str]:
+    """``file:line: code`` of a SASS loop's backward branch (None without
+    line info)."""
+    if where is None:
+        return None
+    path, line = where
+    code = linecache.getline(path, line).strip()
+    return f'{os.path.basename(path)}:{line}: {code}'
 
 
 def _describe(value):
@@ -264,6 +282,8 @@ class Recorder(LaunchCounter):
                  args={n: _describe(a) for n, a in zip(names, args)},
                  compile=self.compiles.pop(metadata.hash, None),
                  regions=[r.as_dict() for r in sass.profile(binary.sass)],
+                 loops=[_source(binary.lines.get(last))
+                        for _, last in sass.loops(sass.parse(binary.sass))],
                  sass=binary.sass))
 
 
@@ -308,7 +328,7 @@ def compile_call(arch: int, shape: CallShape, dtype: str,
     docstring), in call order, each tagged ``stage`` 'forward' or
     'backward'."""
     from mmseg_mita.ops import triton_backend
-    from mmseg_mita.ops.experts import pooled_tokens
+    from mmseg_mita.ops.plan import pooled_tokens
     if triton_backend.interpreted():
         raise RuntimeError('triton was imported with TRITON_INTERPRET=1: '
                            'use compile_isolated (a process without it)')

@@ -137,8 +137,8 @@ def _pad_traceably(padding: AdaptivePadding) -> None:
 def prepare_for_export(model: nn.Module, dynamic: bool = False) -> None:
     """Switch ``model`` in place to computations with an ONNX form:
 
-    * MiTA backbones: ``backend='export'`` (``set_mita``), the formulation
-      of ``mmseg_mita.ops.export_backend``;
+    * MiTA backbones: ``backend='export'`` (``set_attention_backend``),
+      the formulation of ``mmseg_mita.ops.export_backend``;
     * every ``nn.AdaptiveAvgPool2d`` (CBT's representatives, UPerNet's
       pyramid pooling) -> :class:`FixedAdaptiveAvgPool2d`, valid for sizes
       the pooling size does not divide;
@@ -150,8 +150,8 @@ def prepare_for_export(model: nn.Module, dynamic: bool = False) -> None:
     The results equal the eager model's up to float rounding.
     """
     for module in model.modules():
-        if isinstance(module, MiTAViT) and module.mita_cfg is not None:
-            module.set_mita({**module.mita_cfg, 'backend': 'export'})
+        if isinstance(module, MiTAViT) and module.mita is not None:
+            module.set_attention_backend('export')
         if dynamic and isinstance(module, VisionTransformer):
             _resize_pos_embed_always(module)
         if dynamic and isinstance(module, AdaptivePadding):

@@ -1,27 +1,26 @@
-"""The shared part of MiTA, and the seam to the backends that reuse it.
+"""The shared part of MiTA, and the seam to the attention that reuses it.
 
 :func:`compute_experts` computes, once per call, everything that does not
 depend on which experts a query reads: the landmarks, the top-k key
-selection, the shared expert and the routing. A backend that reuses it
-(:func:`~.backends.with_experts`) then only computes each query's one
-softmax over its compressed and routed logits; a backend may also compute
-all of it itself (:mod:`.backends`).
+selection, the shared expert and the routing. The torch, flash and export
+backends run it, then compute each query's one softmax over its compressed
+and routed logits; the Triton backend fuses all of it.
 
-The seam (:data:`ExpertsFn`): such a backend is a function
-``fn(q, k, v, experts, dropout_p) -> out`` with
+The seam: the torch and flash backends compute that softmax in
+``attend_experts(q, k, v, experts, dropout_p) -> out`` (the tests call it
+with the routing held fixed) with
 
 * ``q``, ``k``, ``v``: ``[B, heads, N, d]``, one dtype; ``out`` the same;
 * ``experts``: a :class:`MiTAExperts` computed from these ``q``, ``k``,
   ``v``; its ``route_logits`` and ``shared_values`` carry the autograd graph
   back to ``q`` (through the landmarks) and to ``k``, ``v`` (through the
-  shared expert): a backend differentiates its output with respect to them,
-  and to ``q``, ``k``, ``v`` directly (routed logits and values); the index
-  tensors have no gradient;
-* ``dropout_p``: dropout on the attention probabilities (0 in evaluation);
-  a backend that cannot apply it raises ``ValueError``.
+  shared expert): the function differentiates its output with respect to
+  them, and to ``q``, ``k``, ``v`` directly (routed logits and values); the
+  index tensors have no gradient;
+* ``dropout_p``: dropout on the attention probabilities (0 in evaluation).
 
 For query ``i`` of group ``g`` with experts ``e_1, ..., e_s =
-expert[g, i]`` (best first), every backend returns ``softmax(l) @ w`` where
+expert[g, i]`` (best first), it returns ``softmax(l) @ w`` where
 
 * ``l = [route_logits[g, i] ; s q_i . K_g[T_1]^T ; ... ; s q_i .
   K_g[T_s]^T]`` and ``w = [Vt_g ; V_g[T_1] ; ... ; V_g[T_s]]`` with
@@ -37,17 +36,18 @@ What a backend must do with each field (see :class:`MiTAExperts`): use
 ``route_logits`` and ``shared_values`` only when ``shared_values`` is not
 None; read ``expert`` as ``[G, N, s]`` (``s = experts_per_query``, 1 by
 default). What it does not compute it declares in its
-:class:`~.backends.MiTABackend` (the dispatcher refuses such calls before
+:class:`~.declaration.MiTABackend` (the dispatcher refuses such calls before
 they reach it). The reference, written out per query, is
 :func:`mmseg_mita.ops.naive_mita`.
 """
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .options import MiTAOptions
+from .plan import MiTAPlan
+from .routing import Size
 
 
 class MiTAExperts(NamedTuple):
@@ -76,7 +76,8 @@ class MiTAExperts(NamedTuple):
         return 0 if self.expert is None else self.expert.shape[-1]
 
 
-ExpertsFn = Callable[[Tensor, Tensor, Tensor, MiTAExperts, float], Tensor]
+# pool(tokens [G, H * W, d], hw, pool_size) -> landmarks [G, m, d]
+Pooling = Callable[[Tensor, Sequence[Size], Tuple[int, int]], Tensor]
 
 
 def compute_dtype(q: Tensor, v: Tensor) -> torch.dtype:
@@ -97,42 +98,38 @@ def softmax_fp32(logits: Tensor, inplace: bool = False) -> Tensor:
     return torch.softmax(logits, dim=-1, out=logits if inplace else None)
 
 
-def pooled_tokens(num_extra_tokens: int, landmarks: str) -> int:
-    """Index of the first of the ``H * W`` tokens whose queries are pooled
-    into landmarks: the patches (``'patches'``), or the sequence from its
-    start (``'official'``, the authors' ``q[:, :-1]`` with one cls token)."""
-    return num_extra_tokens if landmarks == 'patches' else 0
+def pool_landmarks(tokens: Tensor, hw: Sequence[Size],
+                   pool_size: Tuple[int, int]) -> Tensor:
+    """Landmarks [G, m, d]: ``F.adaptive_avg_pool2d`` to ``pool_size`` of
+    ``tokens`` [G, H * W, d] laid out on the row-major ``H x W`` grid."""
+    g, _, d = tokens.shape
+    grid = tokens.transpose(1, 2).reshape(g, d, *hw)
+    return F.adaptive_avg_pool2d(grid, pool_size).flatten(2).transpose(1, 2)
 
 
-def compute_experts(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
-                    num_extra_tokens: int,
-                    options: MiTAOptions) -> MiTAExperts:
+def compute_experts(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan,
+                    pool: Pooling = pool_landmarks) -> MiTAExperts:
     """Landmarks, shared expert, routing and top-k selection of ``q``,
-    ``k``, ``v`` [B, heads, N, d] (arguments already checked by
-    :func:`~.mita_attention.check_inputs`).
+    ``k``, ``v`` [B, heads, N, d] for the call's ``plan``; ``pool`` pools
+    the ``H * W`` pooled queries into landmarks (:func:`pool_landmarks`; the
+    export backend passes its fixed-matrix form).
 
     ``R K^T`` serves both the top-k selection and the shared expert;
     ``R Q^T`` serves both the routing and the compressed logits.
     """
-    b, h, n, d = q.shape
-    g = b * h
-    q, k, v = (t.reshape(g, n, d) for t in (q, k, v))
-    first = pooled_tokens(num_extra_tokens, options.landmarks)
-    tokens = q[:, first:first + hw[0] * hw[1]]
-    grid = tokens.transpose(1, 2).reshape(g, d, *hw)
-    landmarks = F.adaptive_avg_pool2d(grid, options.pool_size).flatten(2)
-    landmarks = landmarks.transpose(1, 2)  # [G, m, d]
+    n, d = plan.num_tokens, plan.head_dim
+    q, k, v = (t.reshape(-1, n, d) for t in (q, k, v))
+    first, hw = plan.first_pooled, plan.hw
+    landmarks = pool(q[:, first:first + hw[0] * hw[1]], hw, plan.pool_size)
     key_logits = landmarks @ k.transpose(1, 2)  # [G, m, N]
     topk_index = expert = shared_values = None
-    if options.routed_experts:
-        topk_index = key_logits.topk(min(options.topk, n), dim=-1,
-                                     sorted=False).indices
-    if options.shared_expert:
-        shared_probs = softmax_fp32(key_logits.mul_(d**-0.5))
+    if plan.routed_experts:
+        topk_index = key_logits.topk(plan.topk, dim=-1, sorted=False).indices
+    if plan.shared_expert:
+        shared_probs = softmax_fp32(key_logits.mul_(plan.scale))
         shared_values = shared_probs.to(v.dtype) @ v
     route_logits = q @ (landmarks * d**-1).transpose(1, 2)  # [G, N, m]
-    if options.routed_experts:
-        expert = route_logits.topk(options.experts_per_query,
-                                   dim=-1).indices
+    if plan.routed_experts:
+        expert = route_logits.topk(plan.experts_per_query, dim=-1).indices
     return MiTAExperts(landmarks, shared_values, route_logits, expert,
                        topk_index)

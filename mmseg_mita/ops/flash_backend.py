@@ -6,14 +6,16 @@ softmax over the ``m`` compressed and ``k`` routed logits. One call,
 differentiable through flash-attn's own autograd. Routing-only leaves
 ``s R`` / ``Vt`` out of the key sets; compression-only is one sequence per
 group over ``[s R]`` / ``[Vt]``. Several experts per query would need a
-key set per distinct expert tuple (up to ``N`` of them): not done here (the
-registry, :mod:`.backends`, declares ``experts_per_query <= 1``; use the
+key set per distinct expert tuple (up to ``N`` of them): not done here
+(``BACKEND``, at the end, declares ``experts_per_query <= 1``; use the
 torch backend).
 
-Contract (:mod:`.experts`): ``mita_flash(q, k, v, experts, dropout_p)`` for
-fp16/bf16 CUDA tensors with ``head_dim <= 256``, a multiple of 8;
-``dropout_p`` goes to flash-attn. The queries are grouped by expert as in
-the torch backend (:func:`~.routing.block_layout`, blocks of ``BLOCK``
+The backend is :func:`mita_flash`: the shared part
+(:func:`~.experts.compute_experts`), then :func:`attend_experts` (the seam
+of :mod:`.experts`) for fp16/bf16 CUDA tensors with ``head_dim <= 256``, a
+multiple of 8 (declared in ``BACKEND``); ``dropout_p`` goes to flash-attn,
+which is imported when a call runs. The queries are grouped by expert as
+in the torch backend (:func:`~.routing.block_layout`, blocks of ``BLOCK``
 slots): each block is one varlen sequence of ``BLOCK`` queries (zeros in
 the unused slots) over its expert's key set, so that no sequence is empty,
 ``max_seqlen_q`` is ``BLOCK`` and nothing is read back to the host. The
@@ -21,30 +23,20 @@ price: the unused blocks of the fixed capacity (up to ``min(m, N)`` per
 group) are computed too, and each block gets its own copy of its expert's
 key set.
 """
-import importlib.util
-from functools import lru_cache
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
-from .experts import MiTAExperts
+from .declaration import HALF_DTYPES, MiTABackend
+from .experts import MiTAExperts, compute_experts
+from .plan import MiTAPlan
 from .routing import block_layout, gather_routed, to_slots
 
 
 # Query slots per block: the query tile of flash-attn's forward kernel
 # (128 rows for head_dim <= 128), which a shorter sequence would still fill.
 BLOCK = 128
-
-
-@lru_cache(maxsize=None)
-def _flash_attn_installed() -> bool:
-    return importlib.util.find_spec('flash_attn') is not None
-
-
-def flash_attn_available() -> bool:
-    """flash-attn is importable and CUDA is present."""
-    return torch.cuda.is_available() and _flash_attn_installed()
 
 
 def _shared_keys(experts: MiTAExperts, dtype: torch.dtype) -> Tensor:
@@ -88,15 +80,15 @@ def _compression_only(q: Tensor, experts: MiTAExperts,
     return out.view(b, h, n, d)
 
 
-def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
-               dropout_p: float = 0.0) -> Tensor:
+def attend_experts(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
+                   dropout_p: float = 0.0) -> Tensor:
     """MiTA of ``q``, ``k``, ``v`` [B, heads, N, d] given the shared part
-    ``experts`` (contract in :mod:`.experts`), in one
+    ``experts`` (the seam of :mod:`.experts`), in one
     ``flash_attn_varlen_func`` call: every block of an expert's queries
     (:func:`~.routing.block_layout`) is one varlen sequence over the
     expert's key set (:func:`expert_key_sets`); compression-only is one
-    sequence per group. One routed expert per query
-    (declared in :mod:`.backends`); ``dropout_p`` goes to flash-attn."""
+    sequence per group. One routed expert per query (declared in
+    ``BACKEND``); ``dropout_p`` goes to flash-attn."""
     if experts.expert is None:
         return _compression_only(q, experts, dropout_p)
     from flash_attn import flash_attn_varlen_func
@@ -124,3 +116,16 @@ def mita_flash(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
         values.reshape(-1, 1, d), starts * BLOCK, starts * keys_per_expert,
         BLOCK, keys_per_expert, dropout_p=dropout_p, softmax_scale=d**-0.5)
     return out.squeeze(1).index_select(0, layout.slot).view(b, h, n, d)
+
+
+def mita_flash(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan) -> Tensor:
+    """The flash backend's run: MiTA of ``q``, ``k``, ``v`` [B, heads, N,
+    d] for the call's ``plan``."""
+    return attend_experts(q, k, v, compute_experts(q, k, v, plan),
+                          plan.dropout_p)
+
+
+BACKEND = MiTABackend('flash', mita_flash, devices=('cuda', ),
+                      dtypes=HALF_DTYPES, max_head_dim=256,
+                      head_dim_multiple=8, max_experts_per_query=1,
+                      requires=('flash_attn', ))

@@ -22,11 +22,11 @@ experts by ``R_j . q_i``, best first, in one softmax), routing-only
 compression-only (``routed_experts=False``: the ``m`` compressed keys
 alone, i.e. plain attention over ``[s R ; Vt]``).
 
-:func:`mita_attention` checks its inputs and hands them to a backend of
-:mod:`.backends` (most reuse the shared part,
-:func:`~.experts.compute_experts`; the seam is documented there and in
-:mod:`.experts`). The plain per-query definition is
-:func:`~.naive.naive_mita`.
+:func:`mita_attention` checks its inputs, resolves the options against
+them once (:class:`~.plan.MiTAPlan`) and hands both to a backend of
+:mod:`.backends`, ``run(q, k, v, plan)`` (the torch, flash and export
+backends reuse the shared part, :func:`~.experts.compute_experts`). The
+plain per-query definition is :func:`~.naive.naive_mita`.
 """
 from typing import Optional, Tuple
 
@@ -35,6 +35,7 @@ from torch import Tensor
 from mmseg_mita.utils import IntPair, check_int, check_int_pair
 from .backends import select_backend
 from .options import MiTAOptions, as_options
+from .plan import MiTAPlan
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, hw: IntPair,
@@ -108,31 +109,29 @@ def mita_attention(q: Tensor,
             variant), built and validated once by the caller; or, instead,
             its fields as keywords (``pool_size=7, topk=49``, validated on
             every call). The defaults are the paper's m = k = 49.
-        backend: a name of :data:`~.backends.REGISTRY`: 'torch' (any
-            device and dtype, every option), 'flash' (flash-attn on CUDA,
-            fp16/bf16, ``experts_per_query=1``), 'triton' (Triton kernels on
-            CUDA, or on CPU under ``TRITON_INTERPRET=1``; float32/fp16/bf16,
-            head_dim <= 128, the default variant, no dropout), 'export'
-            (standard ONNX operators, inference only, the default variant:
-            see ``export_backend``), or 'auto': the first backend of
-            :data:`~.backends.AUTO_PRIORITY` that can run (flash where it
-            applies, else torch; triton ran correctly on an H200 but is not
-            chosen until it is faster at every size, docs/gpu.md). A
-            backend that cannot run raises ``ValueError`` with every
-            reason.
+        backend: a name of :func:`~.backends.backend_names`: 'torch'
+            (any device and dtype, every option), 'flash' (flash-attn on
+            CUDA, fp16/bf16, ``experts_per_query=1``), 'triton' (Triton
+            kernels on CUDA, or on CPU under ``TRITON_INTERPRET=1``;
+            float32/fp16/bf16, head_dim <= 128, the default variant, no
+            dropout), 'export' (standard ONNX operators, inference only,
+            the default variant: see ``export_backend``), or 'auto': the
+            first backend of :data:`~.backends.AUTO_PRIORITY` that can run
+            (flash where it applies, else torch; triton ran correctly on an
+            H200 but is not chosen until it is faster at every size,
+            docs/gpu.md). A backend that cannot run, or an 'auto' that
+            finds none, raises ``ValueError`` with every reason.
         dropout_p: dropout on the attention probabilities.
 
     Returns:
         Tensor of the shape of ``q``.
     """
     options = as_options(options, option_fields)
-    # Under ONNX export tracing, hw holds traced sizes: check their values,
-    # and let a backend that computes with traced sizes have them.
-    traced_hw = hw if _has_tensors(hw) else None
-    hw = check_inputs(q, k, v, _values(hw), num_extra_tokens, options)
+    # Under ONNX export tracing, hw holds traced sizes: their values are
+    # checked, and the plan keeps them traced (as it does N).
+    checked = check_inputs(q, k, v, _values(hw), num_extra_tokens, options)
     if not 0 <= dropout_p < 1:
         raise ValueError(f'dropout_p must be in [0, 1), got {dropout_p!r}')
-    chosen = select_backend(backend, q, k, v, options, dropout_p)
-    if chosen.traced_sizes and traced_hw is not None:
-        hw = traced_hw
-    return chosen.run(q, k, v, hw, num_extra_tokens, options, dropout_p)
+    plan = MiTAPlan.build(q, hw if _has_tensors(hw) else checked,
+                          num_extra_tokens, options, dropout_p)
+    return select_backend(backend, q, k, v, plan).run(q, k, v, plan)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmseg_mita.utils import IntPair, check_int_pair
-from .experts import pooled_tokens
+from .plan import pooled_tokens
 from .options import MiTAOptions, as_options
 
 

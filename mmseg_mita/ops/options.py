@@ -1,10 +1,12 @@
 """The options of MiTA attention, validated once where they are built.
 
-:class:`MiTAOptions` is what the operator, the shared part, the per-query
-reference, the backends, the FLOP analysis and the backbone pass around.
-Adding an option means adding a field here (with its check), computing it
-in :func:`~.naive.naive_mita` and in the backends that support it, and
-declaring which backends do (:mod:`.backends`).
+:class:`MiTAOptions` is what the operator, the per-query reference, the
+FLOP analysis and the backbone pass around; the operator resolves it
+against each call's inputs into a :class:`~.plan.MiTAPlan`, which the
+backends get. Adding an option means adding a field here (with its check)
+and to the plan, computing it in :func:`~.naive.naive_mita` and in the
+backends that support it, and declaring which backends do (their
+``BACKEND``, :class:`~.declaration.MiTABackend`).
 """
 import dataclasses
 from functools import lru_cache
@@ -33,6 +35,10 @@ class MiTAOptions:
         landmarks: ``'patches'`` pools the patch queries; ``'official'``
             pools the first ``H * W`` tokens as the authors' code does
             (needs exactly one extra token).
+
+    The fields are validated once, when the options are built;
+    ``prefix`` (not a field) goes in front of each field's name in the
+    error messages, e.g. ``'mita_cfg.'``.
     """
     pool_size: Tuple[int, int] = (7, 7)
     topk: int = 49
@@ -40,11 +46,10 @@ class MiTAOptions:
     shared_expert: bool = True
     routed_experts: bool = True
     landmarks: str = 'patches'
+    prefix: dataclasses.InitVar[str] = ''
 
-    def __post_init__(self):
-        fields = {name: getattr(self, name) for name in FIELDS}
-        object.__setattr__(self, 'pool_size',
-                           _validated(fields)['pool_size'])
+    def __post_init__(self, prefix: str):
+        object.__setattr__(self, 'pool_size', _checked(self, prefix))
 
     @classmethod
     def from_dict(cls, fields: Mapping,
@@ -58,18 +63,12 @@ class MiTAOptions:
                 f'unknown MiTA option{"s" if len(unknown) > 1 else ""} '
                 f'{", ".join(prefix + k for k in unknown)}; the options '
                 f'are {", ".join(FIELDS)}')
-        return cls(**_validated({**DEFAULTS, **fields}, prefix))
+        return cls(**fields, prefix=prefix)
 
     @property
     def num_landmarks(self) -> int:
         """``m``."""
         return self.pool_size[0] * self.pool_size[1]
-
-    @property
-    def is_default_variant(self) -> bool:
-        """One routed expert per query, both experts, the patch landmarks."""
-        return (self.experts_per_query == 1 and self.shared_expert
-                and self.routed_experts and self.landmarks == 'patches')
 
     def fitted(self, hw: Tuple[int, int]) -> 'MiTAOptions':
         """These options for a patch grid ``hw`` smaller than the landmark
@@ -93,15 +92,16 @@ FIELDS = tuple(f.name for f in dataclasses.fields(MiTAOptions))
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(MiTAOptions)}
 
 
-def _validated(fields: dict, prefix: str = '') -> dict:
-    """``fields`` checked together, ``pool_size`` as a pair; ``ValueError``
-    naming the field (with ``prefix``) and the fix otherwise."""
-    pool = check_int_pair(fields['pool_size'], f'{prefix}pool_size')
-    check_int(fields['topk'], f'{prefix}topk')
-    s = check_int(fields['experts_per_query'], f'{prefix}experts_per_query')
-    shared = check_flag(fields['shared_expert'], f'{prefix}shared_expert')
-    routed = check_flag(fields['routed_experts'], f'{prefix}routed_experts')
-    check_choice(fields['landmarks'], f'{prefix}landmarks', LANDMARKS)
+def _checked(options: MiTAOptions, prefix: str) -> Tuple[int, int]:
+    """The fields of ``options`` checked together; returns ``pool_size`` as
+    a pair. ``ValueError`` naming the field (with ``prefix``) and the fix
+    otherwise."""
+    pool = check_int_pair(options.pool_size, f'{prefix}pool_size')
+    check_int(options.topk, f'{prefix}topk')
+    s = check_int(options.experts_per_query, f'{prefix}experts_per_query')
+    shared = check_flag(options.shared_expert, f'{prefix}shared_expert')
+    routed = check_flag(options.routed_experts, f'{prefix}routed_experts')
+    check_choice(options.landmarks, f'{prefix}landmarks', LANDMARKS)
     if not (shared or routed):
         raise ValueError(
             f'{prefix}shared_expert and {prefix}routed_experts cannot both '
@@ -119,7 +119,7 @@ def _validated(fields: dict, prefix: str = '') -> dict:
             f'{prefix}experts_per_query={s} has no effect with '
             f'{prefix}routed_experts=False (compression-only routes no '
             'query); leave it at 1')
-    return dict(fields, pool_size=pool)
+    return pool
 
 
 def as_options(options: Optional[MiTAOptions], fields: Mapping,

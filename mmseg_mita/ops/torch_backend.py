@@ -1,7 +1,9 @@
 """Pure PyTorch MiTA backend: blocked attention over per-expert key sets.
 
-Contract (:mod:`.experts`): ``mita_torch(q, k, v, experts, dropout_p)`` on
-any device and floating dtype; autograd reaches ``q``, ``k``, ``v``,
+The backend (``BACKEND``, declared at the end: any device and floating
+dtype, every option) is :func:`mita_torch`: the shared part
+(:func:`~.experts.compute_experts`), then :func:`attend_experts` (the seam
+of :mod:`.experts`), whose autograd reaches ``q``, ``k``, ``v``,
 ``experts.route_logits`` and ``experts.shared_values``.
 
 The queries, sorted by expert, sit in blocks of ``block`` slots that all
@@ -22,17 +24,18 @@ gathers the slotted queries and each block's routed keys and values again
 instead of storing them, and sums key/value gradients per expert before
 adding them into ``dk``/``dv``.
 
-The variants: :class:`MultiExpertAttention` serves ``experts_per_query > 1``
-and routing-only (no compressed logits) with the same blocks, filled with
-(query, expert) pairs; compression-only is a plain softmax over the
-compressed logits (:func:`_compression_only`). ``s = 1`` with both experts
-takes :class:`ExpertBlockAttention`, the path above.
+The variants: ``experts_per_query = s > 1`` fills the same blocks with
+(query, expert) pairs, routing-only leaves the compressed logits out, both
+in :class:`ExpertBlockAttention`; compression-only is a plain softmax over
+the compressed logits (:func:`_compression_only`).
 """
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .experts import MiTAExperts, compute_dtype, softmax_fp32
+from .declaration import MiTABackend
+from .experts import MiTAExperts, compute_dtype, compute_experts, softmax_fp32
+from .plan import MiTAPlan
 from .routing import BlockLayout, block_layout, routed_index, to_slots
 
 
@@ -56,131 +59,23 @@ def _sum_into_keys(grad_blocks: Tensor, key_rows: Tensor,
 
 
 class ExpertBlockAttention(torch.autograd.Function):
-    """The MiTA softmax attention of every query, given its expert's keys.
-
-    Inputs: ``q``, ``k``, ``v`` [G, N, d]; ``route_logits`` (the compressed
-    logits ``s^2 q . R``) [G, N, m];
-    ``shared_values`` (Vt) [G, m, d]; ``key_rows`` [G * m, k], the rows of
-    each expert's routed keys in ``k.view(G * N, d)``; ``layout`` from
-    :func:`~.routing.block_layout`; ``dropout_p`` on the probabilities.
-    Output [G, N, d].
-    """
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, route_logits: Tensor,
-                shared_values: Tensor, key_rows: Tensor, layout: BlockLayout,
-                dropout_p: float) -> Tensor:
-        g, n, d = q.shape
-        m = shared_values.shape[1]
-        block, slots = layout.block, layout.slots_per_group
-        num_blocks = layout.block_expert.numel()
-        rows = key_rows.index_select(0, layout.block_expert).flatten()
-
-        # logits [blocks, block, m + k]: compressed, then routed. Matmuls
-        # write contiguous outputs only: into a strided view, CPU bmm falls
-        # back to one small GEMM call per block (70x slower under load).
-        compressed = to_slots(route_logits.reshape(g * n, m), layout.slot,
-                               g * slots).view(num_blocks, block, m)
-        q_slots = to_slots(q.reshape(g * n, d), layout.slot,
-                            g * slots).view(num_blocks, block, d)
-        routed = _scaled_bmm(
-            q_slots, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
-            d**-0.5)
-        del q_slots
-        probs = softmax_fp32(torch.cat([compressed, routed], dim=-1),
-                             inplace=True)
-        del compressed, routed
-
-        mask = _keep_mask(probs, dropout_p)
-        used = _dropped(probs, mask, dropout_p, v.dtype)
-        out = torch.bmm(used.view(g, slots, -1)[..., :m], shared_values)
-        out.view(num_blocks, block, d).baddbmm_(
-            used[..., m:], _gather_blocks(v, rows, num_blocks))
-        out = out.view(g * slots, d).index_select(0, layout.slot)
-
-        ctx.save_for_backward(probs, mask, q, k, v, shared_values, key_rows,
-                              layout.block_expert, layout.slot)
-        ctx.sizes = (m, block, slots)
-        ctx.dropout_p = dropout_p
-        return out.view(g, n, d)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        (probs, mask, q, k, v, shared_values, key_rows, block_expert,
-         slot) = ctx.saved_tensors
-        g, n, d = q.shape
-        m, block, slots = ctx.sizes
-        num_blocks = block_expert.numel()
-        need = ctx.needs_input_grad
-        rows = key_rows.index_select(0, block_expert).flatten()
-
-        def to_tokens(grad_slots: Tensor, width: int) -> Tensor:
-            return grad_slots.reshape(g * slots, width).index_select(
-                0, slot).view(g, n, width)
-
-        def to_keys(grad_blocks: Tensor) -> Tensor:
-            return _sum_into_keys(grad_blocks, key_rows, block_expert,
-                                  q.shape)
-
-        grad_slots = to_slots(grad_out.reshape(g * n, d), slot, g * slots)
-        grad_blocks = grad_slots.view(num_blocks, block, d)
-        used = _dropped(probs, mask, ctx.dropout_p, v.dtype)
-        grad_q = grad_k = grad_v = grad_route = grad_shared = None
-        if need[4]:
-            grad_shared = torch.bmm(
-                used.view(g, slots, -1)[..., :m].transpose(1, 2),
-                grad_slots.view(g, slots, d))
-        if need[2]:
-            grad_v = to_keys(
-                torch.bmm(used[..., m:].transpose(1, 2), grad_blocks))
-        if not (need[0] or need[1] or need[3]):
-            return grad_q, grad_k, grad_v, grad_route, grad_shared, None, \
-                None, None
-        del used
-
-        values = _gather_blocks(v, rows, num_blocks)
-        grad_probs = torch.cat([
-            torch.bmm(grad_slots.view(g, slots, d),
-                      shared_values.transpose(1, 2)).view(
-                          num_blocks, block, m),
-            torch.bmm(grad_blocks, values.transpose(1, 2))
-        ], dim=-1)
-        del values, grad_slots, grad_blocks
-        grad_logits = _softmax_backward(probs, grad_probs, mask,
-                                        ctx.dropout_p, q.dtype)
-        if need[3]:
-            grad_route = to_tokens(grad_logits[..., :m], m)
-        grad_routed = grad_logits[..., m:]
-        if need[0]:
-            grad_q = to_tokens(
-                _scaled_bmm(grad_routed, _gather_blocks(k, rows, num_blocks),
-                            d**-0.5), d)
-        if need[1]:
-            q_slots = to_slots(q.reshape(g * n, d), slot,
-                                g * slots).view(num_blocks, block, d)
-            grad_k = to_keys(
-                _scaled_bmm(grad_routed.transpose(1, 2), q_slots, d**-0.5))
-        return grad_q, grad_k, grad_v, grad_route, grad_shared, None, None, \
-            None
-
-
-class MultiExpertAttention(torch.autograd.Function):
     """Each query's one softmax over its compressed logits (if any) and the
     routed logits of its ``s`` experts.
 
     The block layout holds (query, expert) pairs: pair ``i * s + j`` is
     flat query ``i`` with its ``j``-th expert, so each query sits in ``s``
-    blocks. Routed logits are scored per block as in
-    :class:`ExpertBlockAttention`, gathered per query to [G * N, s * k]
-    beside the compressed logits for the softmax, and the routed
-    probabilities go back to the blocks for the value matmul; the ``s``
-    pair outputs of a query are summed.
+    blocks (with ``s = 1`` the pairs are the queries). Routed logits are
+    scored per block, gathered per query to [G * N, s * k] beside the
+    compressed logits for the softmax, and the routed probabilities go
+    back to the blocks for the value matmul; the ``s`` pair outputs of a
+    query are summed.
 
-    Inputs: ``q``, ``k``, ``v`` [G, N, d]; ``route_logits`` [G, N, m] and
-    ``shared_values`` [G, m, d], both None without a shared expert;
-    ``key_rows`` [G * m, k] (as in :class:`ExpertBlockAttention`);
-    ``layout``: :func:`~.routing.block_layout` of the experts [G, N * s];
-    ``s``; ``dropout_p``. Output [G, N, d].
+    Inputs: ``q``, ``k``, ``v`` [G, N, d]; ``route_logits`` (the compressed
+    logits ``s^2 q . R``) [G, N, m] and ``shared_values`` (Vt) [G, m, d],
+    both None without a shared expert; ``key_rows`` [G * m, k], the rows of
+    each expert's routed keys in ``k.view(G * N, d)``; ``layout``:
+    :func:`~.routing.block_layout` of the experts [G, N * s]; ``s``;
+    ``dropout_p`` on the probabilities. Output [G, N, d].
     """
 
     @staticmethod
@@ -193,11 +88,12 @@ class MultiExpertAttention(torch.autograd.Function):
         slots = g * layout.slots_per_group
         num_blocks = layout.block_expert.numel()
         rows = key_rows.index_select(0, layout.block_expert).flatten()
-        pair_query = _pair_queries(g * n, s, q.device)
 
-        q_pairs = to_slots(
-            q.reshape(g * n, d).index_select(0, pair_query), layout.slot,
-            slots).view(num_blocks, layout.block, d)
+        # Matmuls write contiguous outputs only: into a strided view, CPU
+        # bmm falls back to one small GEMM call per block (70x slower under
+        # load).
+        q_pairs = to_slots(_pairs(q.reshape(g * n, d), s), layout.slot,
+                           slots).view(num_blocks, layout.block, d)
         routed = _scaled_bmm(
             q_pairs, _gather_blocks(k, rows, num_blocks).transpose(1, 2),
             d**-0.5)
@@ -212,11 +108,11 @@ class MultiExpertAttention(torch.autograd.Function):
         mask = _keep_mask(probs, dropout_p)
         used = _dropped(probs, mask, dropout_p, v.dtype)
         used_routed = to_slots(used[:, m:].reshape(g * n * s, topk),
-                                layout.slot, slots)
+                               layout.slot, slots)
         out = torch.bmm(used_routed.view(num_blocks, layout.block, topk),
                         _gather_blocks(v, rows, num_blocks))
-        out = out.view(slots, d).index_select(0, layout.slot)
-        out = out.view(g, n, s, d).sum(2)
+        out = _sum_pairs(out.view(slots, d).index_select(0, layout.slot),
+                         s).view(g, n, d)
         if m:
             out += torch.bmm(used[:, :m].view(g, n, m), shared_values)
 
@@ -236,7 +132,6 @@ class MultiExpertAttention(torch.autograd.Function):
         num_blocks = block_expert.numel()
         need = ctx.needs_input_grad
         rows = key_rows.index_select(0, block_expert).flatten()
-        pair_query = _pair_queries(g * n, s, q.device)
 
         def to_blocks(per_pair: Tensor) -> Tensor:
             width = per_pair.shape[-1]
@@ -245,11 +140,10 @@ class MultiExpertAttention(torch.autograd.Function):
 
         def to_pairs(blocks: Tensor) -> Tensor:
             width = blocks.shape[-1]
-            return blocks.view(slots, width).index_select(0, slot).view(
-                g * n, s, width)
+            return blocks.view(slots, width).index_select(0, slot)
 
         grad_flat = grad_out.reshape(g * n, d)
-        grad_blocks = to_blocks(grad_flat.index_select(0, pair_query))
+        grad_blocks = to_blocks(_pairs(grad_flat, s))
         used = _dropped(probs, mask, ctx.dropout_p, v.dtype)
         grad_q = grad_k = grad_v = grad_route = grad_shared = None
         if need[4]:
@@ -281,12 +175,13 @@ class MultiExpertAttention(torch.autograd.Function):
             grad_route = grad_logits[:, :m].reshape(g, n, m)
         grad_routed = to_blocks(grad_logits[:, m:].reshape(g * n * s, topk))
         if need[0]:
-            grad_q = to_pairs(
-                _scaled_bmm(grad_routed, _gather_blocks(k, rows, num_blocks),
-                            d**-0.5)).sum(1).view(g, n, d)
+            grad_q = _sum_pairs(
+                to_pairs(
+                    _scaled_bmm(grad_routed,
+                                _gather_blocks(k, rows, num_blocks),
+                                d**-0.5)), s).view(g, n, d)
         if need[1]:
-            q_pairs = to_blocks(q.reshape(g * n, d).index_select(0,
-                                                                 pair_query))
+            q_pairs = to_blocks(_pairs(q.reshape(g * n, d), s))
             grad_k = _sum_into_keys(
                 _scaled_bmm(grad_routed.transpose(1, 2), q_pairs, d**-0.5),
                 key_rows, block_expert, q.shape)
@@ -294,9 +189,18 @@ class MultiExpertAttention(torch.autograd.Function):
             None, None
 
 
-def _pair_queries(num_queries: int, s: int, device) -> Tensor:
-    """Flat query of each (query, expert) pair: ``[0] * s + [1] * s ...``."""
-    return torch.arange(num_queries, device=device).repeat_interleave(s)
+def _pairs(per_query: Tensor, s: int) -> Tensor:
+    """Rows [Q, w] of the queries as rows [Q * s, w] of their (query,
+    expert) pairs: each query ``s`` times in a row (itself for ``s = 1``).
+    """
+    return per_query if s == 1 else per_query.repeat_interleave(s, dim=0)
+
+
+def _sum_pairs(per_pair: Tensor, s: int) -> Tensor:
+    """Rows [Q * s, w] of the (query, expert) pairs summed per query,
+    [Q, w] (themselves for ``s = 1``)."""
+    return per_pair if s == 1 else per_pair.view(-1, s,
+                                                 per_pair.shape[-1]).sum(1)
 
 
 def _compression_only(route_logits: Tensor, shared_values: Tensor,
@@ -343,11 +247,11 @@ def _scaled_bmm(a: Tensor, b: Tensor, scale: float) -> Tensor:
     return out.baddbmm_(a, b, beta=0, alpha=scale)
 
 
-def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
-               dropout_p: float = 0.0) -> Tensor:
-    """The torch backend (see :mod:`.experts` for the contract): any device
-    and dtype, every variant, dropout included; under autocast it computes
-    in the autocast dtype."""
+def attend_experts(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
+                   dropout_p: float = 0.0) -> Tensor:
+    """Each query's one softmax given the shared part ``experts`` (the
+    seam of :mod:`.experts`): any device and dtype, every variant, dropout
+    included; under autocast it computes in the autocast dtype."""
     b, h, n, d = q.shape
     g = b * h
     m = experts.landmarks.shape[1]
@@ -366,14 +270,19 @@ def mita_torch(q: Tensor, k: Tensor, v: Tensor, experts: MiTAExperts,
         s = experts.experts_per_query
         layout = block_layout(experts.expert.reshape(g, n * s), m)
         key_rows = routed_index(experts.topk_index, n)
-        if s == 1 and shared_values is not None:
-            out = ExpertBlockAttention.apply(q, k, v, route_logits,
-                                             shared_values, key_rows, layout,
-                                             dropout_p)
-        else:
-            if shared_values is None:
-                route_logits = None  # routing only: no compressed logits
-            out = MultiExpertAttention.apply(q, k, v, route_logits,
-                                             shared_values, key_rows, layout,
-                                             s, dropout_p)
+        if shared_values is None:
+            route_logits = None  # routing only: no compressed logits
+        out = ExpertBlockAttention.apply(q, k, v, route_logits,
+                                         shared_values, key_rows, layout, s,
+                                         dropout_p)
     return out.view(b, h, n, d)
+
+
+def mita_torch(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan) -> Tensor:
+    """The torch backend's run: MiTA of ``q``, ``k``, ``v`` [B, heads, N,
+    d] for the call's ``plan``."""
+    return attend_experts(q, k, v, compute_experts(q, k, v, plan),
+                          plan.dropout_p)
+
+
+BACKEND = MiTABackend('torch', mita_torch)

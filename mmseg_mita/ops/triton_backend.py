@@ -84,9 +84,9 @@ so ``torch.compile(fullgraph=True)`` captures a call without a graph break
 (and, with no host sync and shape-only sizes, a CUDA graph can replay it).
 
 Entry points: :func:`mita_triton` (the default variant, either landmark
-convention), called by ``mita_attention(backend='triton')``;
+convention), the run of ``mita_attention(backend='triton')``;
 :func:`mita_triton_routed` (the same with the routing given, for the
-low-precision tests).
+low-precision tests). Both take the call's :class:`~.plan.MiTAPlan`.
 
 Contract: q, k, v [B, heads, N, d] (any strides with a contiguous last
 dim: strided views are read in place), float32 / float16 / bfloat16 (under
@@ -95,18 +95,21 @@ float32, float32 products in IEEE precision (never tf32). The gradients
 are summed with float32 atomics: not bitwise deterministic on CUDA (as
 ``index_add_`` is not). What it does not compute (dropout, float64,
 ``head_dim > 128``, several experts per query, the ablations, CPU tensors
-without the interpreter) is declared in its entry of
-:data:`~.backends.REGISTRY`: the dispatcher refuses those calls, naming
-each reason, before they reach this module.
+without the interpreter) is declared in ``BACKEND``, at the end: the
+dispatcher refuses those calls, naming each reason, before they reach the
+entry points. The registry (:mod:`.backends`) imports this module when
+``backend='triton'`` is first asked for.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .experts import compute_dtype, pooled_tokens
+from .declaration import HALF_DTYPES, MiTABackend
+from .experts import compute_dtype
+from .plan import MiTAPlan
 
 try:  # the kernels below are interpreted when TRITON_INTERPRET=1 was set
     from triton.runtime.interpreter import InterpretedFunction
@@ -1246,40 +1249,45 @@ mita_triton_fwd.register_autograd(
     _autograd_backward, setup_context=_setup_context)
 
 
-def _run(q: Tensor, k: Tensor, v: Tensor, hw, num_extra_tokens: int, pool_size,
-         topk: int, landmarks: str, expert: Optional[Tensor],
-         topk_index: Optional[Tensor]) -> Tensor:
+def _run(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan,
+         expert: Optional[Tensor], topk_index: Optional[Tensor]) -> Tensor:
     dtype = compute_dtype(q, v)
     q, k, v = (
         t.to(dtype) if t.stride(-1) == 1 else t.to(dtype).contiguous()
         for t in (q, k, v))
-    first = pooled_tokens(num_extra_tokens, landmarks)
+    (hgt, wid), (ph, pw) = plan.hw, plan.pool_size
     with torch.autocast(q.device.type, enabled=False):
-        return mita_triton_fwd(q, k, v, hw[0], hw[1], first, pool_size[0],
-                               pool_size[1], topk, expert, topk_index)[0]
+        return mita_triton_fwd(q, k, v, hgt, wid, plan.first_pooled, ph, pw,
+                               plan.topk, expert, topk_index)[0]
 
 
-def mita_triton(q: Tensor,
-                k: Tensor,
-                v: Tensor,
-                hw: Tuple[int, int],
-                num_extra_tokens: int,
-                pool_size: Tuple[int, int],
-                topk: int,
-                landmarks: str = 'patches') -> Tensor:
-    """MiTA (default variant: one routed expert per query, shared and
-    routed experts) of ``q``, ``k``, ``v`` [B, heads, N, d], arguments
-    already checked (see :func:`~.mita_attention.mita_attention`;
-    ``pool_size`` a pair). Returns [B, heads, N, d] in the compute dtype."""
-    return _run(q, k, v, hw, num_extra_tokens, pool_size, topk, landmarks,
-                None, None)
+def mita_triton(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan) -> Tensor:
+    """The triton backend's run: MiTA (default variant: one routed expert
+    per query, shared and routed experts, either landmark convention) of
+    ``q``, ``k``, ``v`` [B, heads, N, d] for the call's ``plan``, inputs
+    within ``BACKEND``'s declaration. Returns [B, heads, N, d] in the
+    compute dtype."""
+    return _run(q, k, v, plan, None, None)
 
 
-def mita_triton_routed(q: Tensor, k: Tensor, v: Tensor, hw: Tuple[int, int],
-                       num_extra_tokens: int, pool_size: Tuple[int, int],
+def mita_triton_routed(q: Tensor, k: Tensor, v: Tensor, plan: MiTAPlan,
                        expert: Tensor, topk_index: Tensor) -> Tensor:
     """:func:`mita_triton` with the routing given (for the low-precision
     tests, which hold it fixed): ``expert`` [G, N] and ``topk_index``
-    [G, m, k] (int64) replace the argmax and the top-k."""
-    return _run(q, k, v, hw, num_extra_tokens, pool_size, topk_index.shape[-1],
-                'patches', expert.contiguous(), topk_index.contiguous())
+    [G, m, plan.topk] (int64) replace the argmax and the top-k."""
+    return _run(q, k, v, plan, expert.contiguous(), topk_index.contiguous())
+
+
+def _interpreter_reasons(q: Tensor) -> List[str]:
+    if q.device.type == 'cpu' and not interpreted():
+        return ['runs on CPU tensors only in Triton\'s interpreter: set '
+                'TRITON_INTERPRET=1 before triton is first imported (slow, '
+                'for tests)']
+    return []
+
+
+BACKEND = MiTABackend('triton', mita_triton,
+                      dtypes=(torch.float32, ) + HALF_DTYPES,
+                      max_head_dim=128, max_experts_per_query=1,
+                      ablations=False, dropout=False, requires=('triton', ),
+                      checks=_interpreter_reasons)

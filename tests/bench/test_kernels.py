@@ -3,6 +3,7 @@ launch written by hand, and the ``kernels`` command at one target and one
 shape (compiled for sm_90 in a subprocess, without a GPU)."""
 import argparse
 import json
+import re
 
 import pytest
 
@@ -48,21 +49,21 @@ def test_estimate_of_a_launch_by_hand(toy):
     # 264 programs: 2 per SM, both resident at once (4 warps, 64 registers):
     # one round of 10 fences.
     cycles = 2 * 1050 + 1 * 10 * kernels.FENCE_CYCLES
-    assert got['sm_seconds'] == pytest.approx(cycles / H200.clock_hz)
+    assert got['sm_s'] == pytest.approx(cycles / H200.clock_hz)
     traffic = 1e6 + 2 * 264 * 4 * 10 * 512
-    assert got['memory_seconds'] == pytest.approx(traffic / 4.8e12)
-    assert got['seconds'] == max(got['sm_seconds'], got['memory_seconds'])
+    assert got['memory_s'] == pytest.approx(traffic / 4.8e12)
+    assert got['estimate_s'] == max(got['sm_s'], got['memory_s'])
 
 
 def test_small_grids_get_a_share_of_the_bandwidth(toy):
     launch = _launch([33, 1, 1], [_region([], 1), _region([0], 1)])
     got = kernels.estimate(launch, toy, 1e6)
-    assert got['memory_seconds'] == pytest.approx(1e6 / (4.8e12 * 33 / 132))
+    assert got['memory_s'] == pytest.approx(1e6 / (4.8e12 * 33 / 132))
 
 
 def test_a_block_that_does_not_fit_has_no_estimate(toy):
     launch = _launch([1, 1, 1], [_region([0], 1)], shared=228 * 1024)
-    assert kernels.estimate(launch, toy, 1e6)['seconds'] is None
+    assert kernels.estimate(launch, toy, 1e6)['estimate_s'] is None
 
 
 def test_loops_and_trip_counts_must_agree(toy):
@@ -104,35 +105,38 @@ def test_kernels_command_one_target_one_shape(tmp_path, triton_cache,
     kernels.add_arguments(parser)
     args = parser.parse_args(
         ['--archs', '90', '--shapes', '1025', '--cache-dir', triton_cache])
+    args.command = 'kernels'
     args.json = str(tmp_path / 'k.json')
     args.markdown = str(tmp_path / 'k.md')
     assert kernels.run(args) == 0
     printed = capsys.readouterr().out
     with open(args.markdown) as f:
-        assert f.read() == printed
+        markdown = f.read()
     with open(args.json) as f:
-        rep = json.load(f)
-    (call, ) = rep['calls']
-    assert call['arch'] == 90 and call['shape']['tokens'] == 1025
-    names = [r['name'] for r in call['launches'] if r['kind'] == 'triton']
+        doc = json.load(f)
+    assert doc['command'] == 'kernels' and doc['versions']['triton']
+    names = [r['name'] for r in doc['rows'] if r['kind'] == 'triton']
     assert set(names) <= set(kernels.KERNELS) and names
-    for r in call['launches']:
+    for r in doc['rows']:
+        assert r['arch'] == 90 and r['tokens'] == 1025
         assert r['roofline_s'] > 0 and r['estimate_s'] is not None
-        assert f"| {r['name']} | 1025 x 6 |" in printed
-    total = call['stages']['total']
-    assert total['launches'] == len(call['launches'])
-    assert total['roofline_s'] == pytest.approx(
-        sum(r['roofline_s'] for r in call['launches']))
-    assert [t['key'] for t in rep['targets']] == [
+        assert f"| {r['name']} | 1025 x 6 |" in markdown
+        assert r['name'] in printed
+    total = [s for s in doc['stages'] if s['stage'] == 'total']
+    assert len(total) == 1 and total[0]['launches'] == len(doc['rows'])
+    assert total[0]['roofline_s'] == pytest.approx(
+        sum(r['roofline_s'] for r in doc['rows']))
+    assert [t['key'] for t in doc['targets']] == [
         t.key for t in kernels.TARGETS
     ]
 
 
 @pytest.mark.parametrize('tokens, message', [(49, 'need tokens >= 50'),
                                               (1 + 5 * 13, 'narrower')])
-def test_shapes_that_cannot_be_pooled_are_refused(tokens, message):
-    parser = argparse.ArgumentParser()
-    kernels.add_arguments(parser)
-    args = parser.parse_args(['--archs', '90', '--shapes', str(tokens)])
-    with pytest.raises(ValueError, match=f'tokens={tokens}.*{message}'):
-        kernels.run(args)
+def test_shapes_that_cannot_be_pooled_are_refused(tokens, message, capsys):
+    from mmseg_mita.bench import cli
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(['kernels', '--archs', '90', '--shapes', str(tokens)])
+    assert exit_.value.code == 2
+    assert re.search(f'--shapes: tokens={tokens}.*{message}',
+                     capsys.readouterr().err)

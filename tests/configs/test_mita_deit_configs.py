@@ -77,4 +77,4 @@ def test_builds_and_runs(name):
                      'not implemented in this branch yet; the config builds '
                      'and runs without it')
     assert (model.backbone.dwc, model.backbone.gate) == (dwc, gate)
-    assert model.backbone.mita_cfg['landmarks'] == 'official'
+    assert model.backbone.mita.options.landmarks == 'official'

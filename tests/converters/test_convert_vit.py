@@ -17,10 +17,10 @@ import torch
 from mmseg.models.backbones import VisionTransformer
 
 import mmseg_mita.mmseg_plugin  # noqa: F401  (mmengine's loader)
-from convert_vit import main as convert_main
 from helpers import flip_bit_in_tensor
 from mmseg_mita.converters import (convert, convert_file, read_checkpoint,
                                    write_checkpoint)
+from mmseg_mita.converters.convert_tool import main as convert_main
 from mmseg_mita.converters.settings import resolve_heads
 from mmseg_mita.models import MiTAViT
 
@@ -216,8 +216,11 @@ def test_weights_without_mmseg_counterpart_are_refused(extra, match):
 def test_foreign_file_is_refused(tmp_path):
     path = tmp_path / 'notes.pth'
     path.write_text('not a checkpoint')
-    with pytest.raises(ValueError, match='is not a checkpoint this converter '
-                       'reads: expected a PyTorch file'):
+    with pytest.raises(ValueError, match="starts with neither a zip archive, "
+                       "a safetensors header nor torch's legacy magic number "
+                       r'and protocol.*or is no checkpoint: PyTorch files '
+                       r'\(\.pth/\.pt/\.bin\), safetensors and NumPy \.npz '
+                       'are read'):
         read_checkpoint(str(path))
 
 

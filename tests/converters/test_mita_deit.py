@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import mmseg_mita.mmseg_plugin  # noqa: F401  (mmengine's loader)
-from convert_vit import main as convert_main
 from mmseg_mita.converters import (convert, convert_file, read_checkpoint,
                                    write_checkpoint)
+from mmseg_mita.converters.convert_tool import main as convert_main
 from mmseg_mita.models import MiTAViT
 from mmseg_mita.ops import naive_mita
 

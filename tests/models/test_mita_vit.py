@@ -117,13 +117,32 @@ def test_layers_and_set_mita():
     model = MiTAViT(**SMALL, mita_cfg=dict(pool_size=2, topk=4, layers=[1]))
     assert [layer.attn.mita is not None for layer in model.layers] == \
         [False, True, False]
+    assert model.mita_layers == (1, )
     model.set_mita(dict(pool_size=3, topk=9))
     want = MiTALayerConfig(MiTAOptions(pool_size=(3, 3), topk=9), 'auto')
-    assert all(layer.attn.mita == want for layer in model.layers)
-    # one options object, validated once, shared by the layers
-    assert len({id(layer.attn.mita.options) for layer in model.layers}) == 1
+    # one options object, validated once, kept by the backbone with the
+    # backend name and shared by the layers
+    assert model.mita == want and model.mita_layers == (0, 1, 2)
+    assert all(layer.attn.mita is model.mita for layer in model.layers)
     model.set_mita(None)
+    assert model.mita is None and model.mita_layers == ()
     assert all(layer.attn.mita is None for layer in model.layers)
+
+
+def test_set_attention_backend_keeps_the_options_and_layers():
+    mita_cfg = dict(pool_size=2, topk=4, layers=[0, 2])
+    model = MiTAViT(**SMALL, mita_cfg=mita_cfg)
+    options = model.mita.options
+    model.set_attention_backend('export')
+    assert model.mita == MiTALayerConfig(options, 'export')
+    assert model.mita.options is options and model.mita_layers == (0, 2)
+    assert [layer.attn.mita for layer in model.layers] == [
+        model.mita, None, model.mita]
+    with pytest.raises(ValueError, match='backend must be one of'):
+        model.set_attention_backend('fast')
+    model.set_mita(None)
+    with pytest.raises(ValueError, match='uses full attention'):
+        model.set_attention_backend('torch')
 
 
 @pytest.mark.parametrize('cfg,match', [

@@ -9,7 +9,7 @@ import pytest
 from mita_testing import plain_varlen_attention
 
 from mmseg_mita.ops import REGISTRY
-from mmseg_mita.ops.backends import ALL_DTYPES
+from mmseg_mita.ops.declaration import ALL_DTYPES
 
 
 @pytest.fixture

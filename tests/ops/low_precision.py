@@ -18,8 +18,8 @@ the dtype instead of being guessed.
 """
 import torch
 
-from mita_testing import experts_of
-from mmseg_mita.ops.torch_backend import mita_torch
+from mita_testing import experts_of, plan_of
+from mmseg_mita.ops.torch_backend import attend_experts
 
 
 def relative_error(got, want) -> float:
@@ -30,15 +30,16 @@ def relative_error(got, want) -> float:
 def fixed_routing_errors(backend_fns, inputs, hw, extra, pool, topk, dtype,
                          device, seed=1):
     """Relative errors of the output and of the q, k, v gradients of each
-    backend function (``{name: fn(q, k, v, experts)}``), against one float64
-    result: ``{name: [out, dq, dk, dv]}``.
+    backend's attention given the shared part (``{name: fn(q, k, v,
+    experts)}``: an ``attend_experts``, or :func:`triton_with_routing`),
+    against one float64 result: ``{name: [out, dq, dk, dv]}``.
 
     ``inputs``: float64 q, k, v [B, H, N, d] (already rounded to ``dtype``
     so that both sides start from the same values); ``pool`` a pair.
     """
     leaves = [t.detach().requires_grad_() for t in inputs]
     experts = experts_of(*leaves, hw, extra, pool, topk)
-    ref = mita_torch(*leaves, experts)
+    ref = attend_experts(*leaves, experts)
     gen = torch.Generator().manual_seed(seed)
     grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
     want = [ref] + list(torch.autograd.grad(ref, leaves, grad))
@@ -60,8 +61,9 @@ def fixed_routing_errors(backend_fns, inputs, hw, extra, pool, topk, dtype,
 
 def assert_as_accurate_as_torch(backend_fn, inputs, hw, extra, pool, topk,
                                 dtype, device, factor=2.0,
-                                bounds=(2e-2, 5e-2), baseline_fn=mita_torch):
-    """``backend_fn`` (a backend function, ``fn(q, k, v, experts)``) is at
+                                bounds=(2e-2, 5e-2),
+                                baseline_fn=attend_experts):
+    """``backend_fn`` (``fn(q, k, v, experts)``, as above) is at
     most ``factor`` times as far from the float64 result as the torch
     backend at the same ``dtype`` and ``device``, for the output and each
     gradient (plus 1e-4 of slack for errors near zero); both stay below
@@ -83,13 +85,14 @@ def assert_as_accurate_as_torch(backend_fn, inputs, hw, extra, pool, topk,
 
 
 def triton_with_routing(hw, extra, pool):
-    """The fused Triton backend as a backend function ``fn(q, k, v,
-    experts)`` that computes with the routing of ``experts`` (its expert of
-    each query and top-k keys; the rest it computes itself)."""
+    """The fused Triton backend as ``fn(q, k, v, experts)`` that computes
+    with the routing of ``experts`` (its expert of each query and top-k
+    keys; the rest it computes itself)."""
     from mmseg_mita.ops import triton_backend
 
     def fn(q, k, v, experts):
-        return triton_backend.mita_triton_routed(q, k, v, hw, extra, pool,
+        plan = plan_of(q, hw, extra, pool, experts.topk_index.shape[-1])
+        return triton_backend.mita_triton_routed(q, k, v, plan,
                                                  experts.expert[..., 0],
                                                  experts.topk_index)
 

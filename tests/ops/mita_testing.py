@@ -2,7 +2,14 @@
 the operator tests (low-precision comparisons: ``low_precision.py``)."""
 import torch
 
-from mmseg_mita.ops import MiTAOptions, compute_experts, naive_mita
+from mmseg_mita.ops import (MiTAOptions, MiTAPlan, compute_experts,
+                            get_backend, naive_mita)
+
+
+def flash_attn_runs() -> bool:
+    """CUDA is present and the flash backend's required modules (its
+    declaration's ``requires``: flash-attn) are installed."""
+    return torch.cuda.is_available() and get_backend('flash').available()
 
 
 def random_qkv(b, h, n, d, dtype=torch.float64, seed=0, device='cpu'):
@@ -26,12 +33,18 @@ def aligned_qkv(b, h, n, d, spread=0.01, seed=3):
     return [q.requires_grad_(), k, v]
 
 
+def plan_of(q, hw, extra, pool, topk, dropout_p=0.0, **variant):
+    """The :class:`MiTAPlan` of a call on ``q`` with positional options (the
+    test tables' order) and the variant's fields as keywords."""
+    options = MiTAOptions(pool_size=pool, topk=topk, **variant)
+    return MiTAPlan.build(q, hw, extra, options, dropout_p)
+
+
 def experts_of(q, k, v, hw, extra, pool, topk, **variant):
     """:func:`compute_experts` with positional options (the test tables'
     order) and the variant's fields as keywords."""
-    return compute_experts(
-        q, k, v, hw, extra,
-        MiTAOptions(pool_size=pool, topk=topk, **variant))
+    return compute_experts(q, k, v,
+                           plan_of(q, hw, extra, pool, topk, **variant))
 
 
 def reference(q, k, v, hw, extra, pool, topk):

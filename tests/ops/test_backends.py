@@ -1,28 +1,57 @@
 """The options object and the backend registry: what each backend declares,
 how ``auto`` chooses, and what a refused call says."""
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
-from mita_testing import random_qkv, reference
+from mita_testing import plan_of, random_qkv, reference
 
 from mmseg_mita.ops import (REGISTRY, MiTABackend, MiTAOptions,
-                            backend_names, mita_attention, naive_mita,
-                            register_backend, select_backend)
-from mmseg_mita.ops.backends import ALL_DTYPES
+                            backend_names, get_backend, mita_attention,
+                            naive_mita, register_backend, select_backend)
+from mmseg_mita.ops import declaration
+from mmseg_mita.ops.declaration import ALL_DTYPES
+
+NAMES = backend_names()[1:]  # every backend, 'auto' aside
 
 
 def _reasons(name, d=16, dtype=torch.float32, dropout_p=0.0, grad=False,
              **fields):
     q = torch.zeros(1, 1, 5, d, dtype=dtype, requires_grad=grad)
-    return REGISTRY[name].not_supported_reasons(q, q, q,
-                                                MiTAOptions(**fields),
-                                                dropout_p)
+    plan = plan_of(q, (2, 2), 1, 2, 3, dropout_p, **fields)
+    return get_backend(name).not_supported_reasons(q, q, q, plan)
 
 
 def test_every_backend_is_registered_and_accepted_by_name():
-    assert set(backend_names()) == {'auto', 'torch', 'flash', 'triton',
-                                    'export'}
+    assert backend_names() == ('auto', 'export', 'flash', 'torch', 'triton')
+    for name in NAMES:
+        assert get_backend(name).name == name and name in REGISTRY
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', "
+                       r"'export', 'flash', 'torch', 'triton'\), got 'fast'"):
+        get_backend('fast')
+
+
+def test_triton_is_collected_on_first_use_only(monkeypatch):
+    # Importing the operator loads no triton (test_package_imports.py):
+    # the registry imports the Triton backend's module when it is asked
+    # for, and names the missing package when it cannot.
+    monkeypatch.delitem(REGISTRY, 'triton', raising=False)
+    monkeypatch.setitem(declaration._AVAILABLE, 'triton', False)
+    q = torch.randn(1, 1, 17, 16)
+    for call in (lambda: get_backend('triton'),
+                 lambda: mita_attention(q, q, q, (4, 4), pool_size=2, topk=3,
+                                        backend='triton')):
+        with pytest.raises(ValueError, match="backend='triton' cannot "
+                           'compute this call: needs the module triton: '
+                           "`pip install triton`.*Use backend='torch'"):
+            call()
+    assert 'triton' not in REGISTRY and 'triton' in backend_names()
+    if importlib.util.find_spec('triton') is None:
+        return
+    monkeypatch.setitem(declaration._AVAILABLE, 'triton', True)
+    assert get_backend('triton') is REGISTRY['triton']
+    assert REGISTRY['triton'].max_head_dim == 128
 
 
 def test_options_are_validated_once_with_the_field_named():
@@ -38,6 +67,27 @@ def test_options_are_validated_once_with_the_field_named():
                               prefix='mita_cfg.')
     with pytest.raises(ValueError, match='unknown MiTA option x.pool'):
         MiTAOptions.from_dict(dict(pool=3), prefix='x.')
+    with pytest.raises(ValueError, match='unknown MiTA option x.prefix'):
+        MiTAOptions.from_dict(dict(prefix='y.'), prefix='x.')
+    # the prefix names the fields in messages only: it is not a field
+    assert MiTAOptions.from_dict(dict(topk=9), prefix='x.') == \
+        MiTAOptions(topk=9)
+    assert 'prefix' not in dataclasses.asdict(options)
+
+
+def test_options_are_checked_once_per_construction(monkeypatch):
+    from mmseg_mita.ops import options as options_module
+    calls = []
+    checked = options_module._checked
+
+    def counted(*args):
+        calls.append(args[1])
+        return checked(*args)
+
+    monkeypatch.setattr(options_module, '_checked', counted)
+    MiTAOptions.from_dict(dict(pool_size=3, topk=9), prefix='mita_cfg.')
+    MiTAOptions(pool_size=2)
+    assert calls == ['mita_cfg.', '']
 
 
 def test_options_or_keywords_not_both():
@@ -68,9 +118,9 @@ def test_an_explicit_backend_that_cannot_run_lists_every_reason():
         assert reason in message, message
 
 
-@pytest.mark.parametrize('name', sorted(REGISTRY))
+@pytest.mark.parametrize('name', NAMES)
 def test_declared_head_dim_limits_hold_at_their_boundary(name):
-    backend = REGISTRY[name]
+    backend = get_backend(name)
     step = backend.head_dim_multiple
     dtype = torch.float16 if torch.float16 in backend.dtypes else \
         backend.dtypes[0]
@@ -89,9 +139,9 @@ def test_declared_head_dim_limits_hold_at_their_boundary(name):
             f'needs head_dim a multiple of {step}, got {step + 1}']
 
 
-@pytest.mark.parametrize('name', sorted(REGISTRY))
+@pytest.mark.parametrize('name', NAMES)
 def test_declared_dtypes_and_variants_hold(name):
-    backend = REGISTRY[name]
+    backend = get_backend(name)
     for dtype in ALL_DTYPES:
         refused = any('computes in' in r
                       for r in _reasons(name, d=16, dtype=dtype))
@@ -121,17 +171,51 @@ def test_export_is_inference_only():
 
 def test_auto_takes_the_torch_backend_on_cpu():
     q = torch.randn(1, 1, 10, 8)
-    assert select_backend('auto', q, q, q, MiTAOptions(pool_size=2),
-                          0.0).name == 'torch'
+    assert select_backend('auto', q, q, q, plan_of(q, (3, 3), 1, 2,
+                                                   3)).name == 'torch'
+
+
+def test_auto_that_finds_no_backend_lists_every_candidates_reasons():
+    q = torch.zeros(1, 1, 10, 8, dtype=torch.int32)
+    with pytest.raises(ValueError) as info:
+        mita_attention(q, q, q, (3, 3), pool_size=2, topk=3)
+    message = str(info.value)
+    assert message.startswith("backend='auto' found no backend that can "
+                              "compute this call: 'flash': ")
+    for reason in ("'torch': computes in float16/bfloat16/float32/float64, "
+                   'got torch.int32',
+                   'computes in float16/bfloat16, got torch.int32',
+                   'computes on cuda, got cpu tensors'):
+        assert reason in message, message
+
+
+def test_the_plan_holds_the_call_resolved(monkeypatch):
+    q = torch.zeros(2, 3, 1 + 20, 24)
+    plan = plan_of(q, (4, 5), 1, (2, 3), 500, 0.25, landmarks='official')
+    assert (plan.hw, plan.num_tokens, plan.head_dim, plan.pool_size,
+            plan.num_landmarks, plan.first_pooled, plan.topk,
+            plan.dropout_p) == ((4, 5), 21, 24, (2, 3), 6, 0, 21, 0.25)
+    assert plan.scale == 24**-0.5
+    assert plan_of(q, (4, 5), 1, 2, 7).topk == 7
+    assert plan_of(q, (4, 5), 1, 2, 7).first_pooled == 1
+    seen = []
+    monkeypatch.setitem(REGISTRY, 'torch',
+                        dataclasses.replace(REGISTRY['torch'],
+                                            run=lambda *args: seen.append(
+                                                args[3]) or args[0]))
+    mita_attention(q, q, q, (4, 5), pool_size=(2, 3), topk=500,
+                   landmarks='official', backend='torch')
+    assert seen == [dataclasses.replace(plan, dropout_p=0.0)]  # one plan
 
 
 def test_a_registered_backend_can_compute_everything_itself(monkeypatch):
     calls = []
 
-    def run(q, k, v, hw, num_extra_tokens, options, dropout_p):
-        calls.append(options)
-        return naive_mita(q, k, v, hw, num_extra_tokens=num_extra_tokens,
-                          options=options)
+    def run(q, k, v, plan):
+        calls.append(plan)
+        return naive_mita(q, k, v, plan.hw,
+                          num_extra_tokens=plan.num_extra_tokens,
+                          pool_size=plan.pool_size, topk=plan.topk)
 
     monkeypatch.delitem(REGISTRY, 'plain', raising=False)
     register_backend(MiTABackend('plain', run, dropout=False))
@@ -140,7 +224,7 @@ def test_a_registered_backend_can_compute_everything_itself(monkeypatch):
         out = mita_attention(q, k, v, (3, 3), pool_size=2, topk=3,
                              backend='plain')
         torch.testing.assert_close(out, reference(q, k, v, (3, 3), 1, 2, 3))
-        assert calls == [MiTAOptions(pool_size=2, topk=3)]
+        assert calls == [plan_of(q, (3, 3), 1, 2, 3)]
         with pytest.raises(ValueError, match='exists'):
             register_backend(MiTABackend('plain', run))
     finally:

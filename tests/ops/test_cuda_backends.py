@@ -15,10 +15,10 @@ import pytest
 import torch
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
-from mita_testing import aligned_qkv, experts_of, random_qkv
+from mita_testing import (aligned_qkv, experts_of, flash_attn_runs, plan_of,
+                          random_qkv)
 
-from mmseg_mita.ops import MiTAOptions, mita_attention, select_backend
-from mmseg_mita.ops.flash_backend import flash_attn_available, mita_flash
+from mmseg_mita.ops import flash_backend, mita_attention, select_backend
 
 from mita_testing import reference as reference_mita
 
@@ -30,7 +30,7 @@ def _backends():
     backends = ['torch']
     if importlib.util.find_spec('triton'):  # not imported: see conftest.py
         backends.append('triton')
-    if flash_attn_available():
+    if flash_attn_runs():
         backends.append('flash')
     return backends
 
@@ -121,7 +121,7 @@ def test_one_expert_gets_every_query_on_cuda():
 
 def _backend_fn(backend):
     if backend == 'flash':
-        return mita_flash
+        return flash_backend.attend_experts
     return triton_with_routing((20, 20), 1, (7, 7))
 
 
@@ -183,7 +183,7 @@ def test_triton_under_autocast_on_cuda():
 def test_auto_keeps_the_torch_backend_without_flash():
     # 'auto' may choose triton only after a GPU run validated it.
     q = torch.randn(1, 1, 17, 64, device='cuda', dtype=torch.bfloat16)
-    want = 'flash' if flash_attn_available() else 'torch'
+    want = 'flash' if flash_attn_runs() else 'torch'
     for x, name in ((q, want), (q.float(), 'torch')):
-        assert select_backend('auto', x, x, x, MiTAOptions(),
-                              0.0).name == name
+        assert select_backend('auto', x, x, x,
+                              plan_of(x, (4, 4), 1, 2, 3)).name == name

@@ -34,8 +34,8 @@ def _mita(q, k, v, dropout_p, seed=None, backend='torch', **variant):
 
 
 # Every computation path of the torch backend: one expert and the shared
-# one (ExpertBlockAttention), several experts, routing only (both
-# MultiExpertAttention), compression only (a plain softmax).
+# one, several experts, routing only (all three ExpertBlockAttention),
+# compression only (a plain softmax).
 VARIANTS = {
     'default': {},
     'two_experts': dict(experts_per_query=2),

@@ -31,12 +31,15 @@ def _inputs(b, h, n, d, dtype, seed=0):
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12),
                                        (torch.float32, 1e-5)])
-@pytest.mark.parametrize('b,h,hw,extra,pool,topk', CASES)
+@pytest.mark.parametrize('b,h,hw,extra,pool,topk,landmarks', [
+    case + ('patches', ) for case in CASES
+] + [case + ('official', ) for case in CASES if case[3] == 1])
 def test_export_backend_matches_torch_backend(b, h, hw, extra, pool, topk,
-                                              dtype, tol):
+                                              landmarks, dtype, tol):
     n = extra + hw[0] * hw[1]
     q, k, v = _inputs(b, h, n, 16, dtype)
-    kwargs = dict(num_extra_tokens=extra, pool_size=pool, topk=topk)
+    kwargs = dict(num_extra_tokens=extra, pool_size=pool, topk=topk,
+                  landmarks=landmarks)
     out = mita_attention(q, k, v, hw, backend='export', **kwargs)
     ref = mita_attention(q, k, v, hw, backend='torch', **kwargs)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)

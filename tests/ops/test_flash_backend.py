@@ -8,16 +8,16 @@ is checked where CUDA and flash-attn are present.
 import pytest
 import torch
 from low_precision import assert_as_accurate_as_torch
-from mita_testing import (assert_matches_reference, experts_of, random_qkv,
-                          reference)
+from mita_testing import (assert_matches_reference, experts_of,
+                          flash_attn_runs, plan_of, random_qkv, reference)
 
-from mmseg_mita.ops import MiTAOptions, mita_attention, select_backend
-from mmseg_mita.ops.flash_backend import flash_attn_available, mita_flash
+from mmseg_mita.ops import mita_attention, select_backend
+from mmseg_mita.ops.flash_backend import attend_experts
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason='needs a CUDA device')
 needs_flash = pytest.mark.skipif(
-    not flash_attn_available(),
+    not flash_attn_runs(),
     reason='needs flash-attn on a CUDA device (pip install -e .[flash])')
 
 
@@ -32,13 +32,13 @@ def test_flash_bookkeeping_with_plain_varlen_attention(
     q, k, v = random_qkv(b, h, n, 8)
     pool_pair = (pool, pool) if isinstance(pool, int) else pool
     experts = experts_of(q, k, v, hw, extra, pool_pair, topk)
-    assert_matches_reference(mita_flash(q, k, v, experts),
+    assert_matches_reference(attend_experts(q, k, v, experts),
                              reference(q, k, v, hw, extra, pool, topk),
                              (q, k, v))
 
 
 def test_flash_without_flash_attn_names_the_fix():
-    if flash_attn_available():
+    if flash_attn_runs():
         pytest.skip('flash-attn is available here')
     q = torch.randn(1, 1, 17, 8)
     with pytest.raises(ValueError, match="backend='torch'"):
@@ -51,16 +51,16 @@ def test_flash_backend_as_accurate_as_torch_on_cuda(dtype):
     # Routing held fixed; at most twice the torch backend's error at the
     # same dtype (low_precision.py).
     inputs = [t.detach().to(dtype).double() for t in random_qkv(2, 6, 401, 64)]
-    assert_as_accurate_as_torch(mita_flash, inputs, (20, 20), 1, (7, 7), 49,
-                                dtype, 'cuda')
+    assert_as_accurate_as_torch(attend_experts, inputs, (20, 20), 1, (7, 7),
+                                49, dtype, 'cuda')
 
 
 @needs_flash
 def test_auto_picks_flash_for_half_on_cuda():
     q = torch.randn(1, 1, 17, 64, device='cuda', dtype=torch.float16)
     for x, want in ((q, 'flash'), (q.float(), 'torch')):
-        assert select_backend('auto', x, x, x, MiTAOptions(),
-                              0.0).name == want
+        assert select_backend('auto', x, x, x,
+                              plan_of(x, (4, 4), 1, 2, 3)).name == want
 
 
 @needs_cuda

@@ -6,23 +6,23 @@ the host, which a CUDA graph cannot record). float32, relative error of
 the output and of the q, k, v gradients to eager on the same values:
 ``1e-4`` compiled (inductor may reorder the sums of the PyTorch part),
 ``1e-5`` replayed (the same kernels; the Triton backward adds with
-atomics). Skipped without CUDA; run by ``tools/gpu_check.sh``."""
+atomics). Skipped without CUDA; run by the GPU suite (``python -m
+mmseg_mita.bench gpu``)."""
 import functools
 import importlib.util
 
 import pytest
 import torch
 
-from mmseg_mita.benchmarks.graphs import (capture_cuda_graph, compiled,
-                                          forward_backward, mark_step,
-                                          relative_error, reset_compiler,
-                                          results)
+from mmseg_mita.bench.graphs import (capture_cuda_graph, compiled,
+                                     forward_backward, mark_step,
+                                     relative_error, reset_compiler, results)
 from mmseg_mita.ops import mita_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason='needs a CUDA device')
 # Triton first: the cheap checks run before a slow compile of the torch
-# backend (graph breaks at its host reads) can use up gpu_check's limit.
+# backend (graph breaks at its host reads) can use up the suite's limit.
 BACKENDS = (['triton'] if importlib.util.find_spec('triton') else []) + [
     'torch']
 HW, EXTRA = (16, 20), 1

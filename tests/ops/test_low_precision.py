@@ -12,7 +12,7 @@ from low_precision import (assert_as_accurate_as_torch, fixed_routing_errors,
 from mita_testing import (ScaleGrad, assert_matches_reference, experts_of,
                           random_qkv)
 
-from mmseg_mita.ops.torch_backend import mita_torch
+from mmseg_mita.ops.torch_backend import attend_experts as attend
 
 # The Triton test's case (no routing decision flips in bf16 or fp16 here).
 HW, EXTRA, POOL, TOPK = (10, 10), 1, (3, 3), 20
@@ -33,14 +33,14 @@ def _check(backend_fn, dtype, **kwargs):
 
 def _output_off(scale):
     """The torch backend with its output (and so every gradient) scaled."""
-    return lambda q, k, v, experts: mita_torch(q, k, v, experts) * scale
+    return lambda q, k, v, experts: attend(q, k, v, experts) * scale
 
 
 def _dq_off(scale):
     """The torch backend with the q gradient of its attention scaled (the
     part through the routing logits, computed outside it, is not)."""
-    return lambda q, k, v, experts: mita_torch(ScaleGrad.apply(q, scale), k,
-                                               v, experts)
+    return lambda q, k, v, experts: attend(ScaleGrad.apply(q, scale), k, v,
+                                           experts)
 
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -48,7 +48,7 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_the_torch_backend_passes(dtype):
-    errors = _check(mita_torch, dtype, bounds=(2e-2, 2e-2))
+    errors = _check(attend, dtype, bounds=(2e-2, 2e-2))
     # measured: bf16 0.4 % .. 0.5 %, fp16 ten times less
     assert max(errors['backend']) < (1e-2 if dtype == torch.bfloat16 else
                                      1e-3)
@@ -79,7 +79,7 @@ def test_absolute_bounds_catch_an_inaccurate_side(side, which):
     # (factor 100): only the absolute bounds (2e-2) can fail, on either
     # side. An inaccurate baseline would otherwise widen what passes.
     off = (_output_off if which == 'out' else _dq_off)(1.03)
-    fns = dict(backend_fn=mita_torch, baseline_fn=mita_torch)
+    fns = dict(backend_fn=attend, baseline_fn=attend)
     fns[f'{side}_fn'] = off
     errors = fixed_routing_errors({'off': off}, _inputs(torch.bfloat16), HW,
                                   EXTRA, POOL, TOPK, torch.bfloat16,
@@ -103,10 +103,10 @@ def test_held_routing_lets_a_correct_backend_pass_where_bf16_flips_one():
                         want.topk_index.sort(-1).values).any(-1).sum())
     assert flipped_experts + flipped_keys > 0
     # Routed by itself, the torch backend fails the helper's bound ...
-    unfixed = relative_error(mita_torch(*low, own), mita_torch(*inputs, want))
+    unfixed = relative_error(attend(*low, own), attend(*inputs, want))
     assert unfixed > 5e-2
     # ... held to float64's routing it is as accurate as elsewhere.
-    errors = assert_as_accurate_as_torch(mita_torch, inputs, hw, EXTRA, pool,
+    errors = assert_as_accurate_as_torch(attend, inputs, hw, EXTRA, pool,
                                          topk, dtype, 'cpu',
                                          bounds=(2e-2, 2e-2))
     assert max(errors['torch']) < 1e-2
@@ -121,7 +121,7 @@ def test_float64_comparison_checks_each_gradient(name):
     def mita(scale=1.0, which=None):
         qkv = [ScaleGrad.apply(t, scale) if n == which else t
                for n, t in zip('qkv', inputs)]
-        return mita_torch(*qkv, experts_of(*qkv, (5, 5), 1, 2, 4))
+        return attend(*qkv, experts_of(*qkv, (5, 5), 1, 2, 4))
 
     with pytest.raises(AssertionError, match=f'grad of {name}'):
         assert_matches_reference(mita(1 + 1e-6, name), mita(), inputs)

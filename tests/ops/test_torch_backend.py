@@ -6,7 +6,7 @@ from mita_testing import (aligned_qkv, assert_matches_reference, random_qkv,
                           reference)
 
 from mmseg_mita.ops import mita_attention
-from mmseg_mita.benchmarks import peak_memory
+from mmseg_mita.bench.measure import peak_memory
 
 
 def _check_against_reference(q, k, v, hw, extra, pool, topk, **kwargs):

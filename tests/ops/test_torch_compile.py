@@ -5,7 +5,7 @@ import pytest
 import torch
 from mita_testing import random_qkv
 
-from mmseg_mita.benchmarks.launches import no_host_sync
+from mmseg_mita.bench.launch_counter import no_host_sync
 from mmseg_mita.ops import mita_attention
 
 HW = (6, 7)

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
-from mita_testing import aligned_qkv, experts_of, random_qkv
+from mita_testing import aligned_qkv, experts_of, plan_of, random_qkv
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mmseg_mita.ops import mita_attention, naive_mita
-from mmseg_mita.ops.torch_backend import mita_torch
+from mmseg_mita.ops import REGISTRY, mita_attention, naive_mita
+from mmseg_mita.ops.torch_backend import attend_experts
 
 pytest.importorskip(
     'triton', reason='triton is a test dependency: pip install triton')
@@ -98,7 +98,8 @@ def _check_against_reference(b, h, hw, extra, pool, topk, d,
         pool_size=pool,
         topk=topk,
         landmarks=landmarks)
-    out = triton_backend.mita_triton(*low, hw, extra, pool, topk, landmarks)
+    out = triton_backend.mita_triton(
+        *low, plan_of(low[0], hw, extra, pool, topk, landmarks=landmarks))
     assert out.shape == low[0].shape and out.dtype == torch.float32
     _assert_close(out, ref, low, ref_leaves)
 
@@ -155,7 +156,8 @@ def test_strided_qkv_views_are_read_in_place():
     ]
     ref = naive_mita(
         *views[0], hw, num_extra_tokens=extra, pool_size=(2, 3), topk=9)
-    out = triton_backend.mita_triton(*views[1], hw, extra, (2, 3), 9)
+    out = triton_backend.mita_triton(
+        *views[1], plan_of(views[1][0], hw, extra, (2, 3), 9))
     _assert_close(out, ref, [low_qkv], [ref_qkv])
 
 
@@ -172,7 +174,7 @@ def test_one_expert_gets_every_query(gpu_tiles, tiles):
     experts = experts_of(*ref_leaves, hw, 1, (3, 3), 5)
     assert (experts.expert == experts.expert[:, :1]).all()
     ref = naive_mita(*ref_leaves, hw, pool_size=3, topk=5)
-    out = triton_backend.mita_triton(*low, hw, 1, (3, 3), 5)
+    out = triton_backend.mita_triton(*low, plan_of(low[0], hw, 1, 3, 5))
     _assert_close(out, ref, low, ref_leaves)
 
 
@@ -217,9 +219,9 @@ def test_expert_with_one_query_more_than_a_block(gpu_tiles, tiles):
     experts = experts_of(*ref_leaves, hw, 1, pool, 8)
     experts = experts._replace(
         expert=torch.where((ids >= 0) & (ids < m), ids, 0)[..., None])
-    ref = mita_torch(*ref_leaves, experts)
-    out = triton_backend.mita_triton_routed(*low, hw, 1, pool, ids,
-                                            experts.topk_index)
+    ref = attend_experts(*ref_leaves, experts)
+    out = triton_backend.mita_triton_routed(
+        *low, plan_of(low[0], hw, 1, pool, 8), ids, experts.topk_index)
     _assert_close(out, ref, low, ref_leaves)
 
 
@@ -378,11 +380,12 @@ def test_autocast_computes_in_the_autocast_dtype():
         t.detach().float().requires_grad_()
         for t in random_qkv(2, 1, 1 + 30, 16))
     grad = torch.randn(q.shape)
+    plan = plan_of(q, hw, 1, 2, 6)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = triton_backend.mita_triton(q, k, v, hw, 1, (2, 2), 6)
+        out = triton_backend.mita_triton(q, k, v, plan)
     grads = torch.autograd.grad(out, (q, k, v), grad.bfloat16())
     low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
-    want = triton_backend.mita_triton(*low, hw, 1, (2, 2), 6)
+    want = triton_backend.mita_triton(*low, plan)
     want_grads = torch.autograd.grad(want, low, grad.bfloat16())
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, want)
@@ -390,7 +393,7 @@ def test_autocast_computes_in_the_autocast_dtype():
     with torch.autocast('cpu', dtype=torch.bfloat16):
         experts = experts_of(q, k, v, hw, 1, (2, 2), 6)._replace(
             expert=routing[6].long()[..., None], topk_index=routing[5])
-        torch_out = mita_torch(q, k, v, experts)
+        torch_out = attend_experts(q, k, v, experts)
     assert relative_error(out, torch_out) < 1e-2
     for got, expected in zip(grads, want_grads):
         assert got.dtype == torch.float32
@@ -398,7 +401,7 @@ def test_autocast_computes_in_the_autocast_dtype():
 
 
 def _call(q, k, v):
-    return triton_backend.mita_triton(q, k, v, (4, 5), 1, (2, 2), 6)
+    return triton_backend.mita_triton(q, k, v, plan_of(q, (4, 5), 1, 2, 6))
 
 
 @pytest.mark.parametrize('backend', ['aot_eager', 'inductor'])
@@ -413,6 +416,22 @@ def test_compiled_in_one_graph_matches_eager(backend):
                        list(torch.autograd.grad(out.square().sum(), leaves)))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_collected_on_first_use_inside_a_compiled_call(monkeypatch):
+    # The registry collects the Triton backend when it is first asked for,
+    # also when that call is traced by torch.compile(fullgraph=True).
+    monkeypatch.delitem(REGISTRY, 'triton', raising=False)
+
+    def through_the_operator(q, k, v):
+        return mita_attention(q, k, v, (4, 5), pool_size=2, topk=6,
+                              backend='triton')
+
+    inputs = [t.detach().float() for t in random_qkv(1, 2, 21, 16)]
+    got = torch.compile(through_the_operator, fullgraph=True,
+                        backend='aot_eager')(*inputs)
+    assert REGISTRY['triton'] is triton_backend.BACKEND
+    torch.testing.assert_close(got, _call(*inputs), rtol=0, atol=0)
 
 
 def test_custom_op_registrations_pass_opcheck():
@@ -492,8 +511,8 @@ def test_through_the_operator_equals_the_entry_point():
     ref_leaves, low = _leaves(random_qkv(1, 2, 1 + 20, 16))
     out = mita_attention(*low, (4, 5), pool_size=2, topk=6,
                          landmarks='official', backend='triton')
-    want = triton_backend.mita_triton(*low, (4, 5), 1, (2, 2), 6,
-                                      'official')
+    want = triton_backend.mita_triton(
+        *low, plan_of(low[0], (4, 5), 1, 2, 6, landmarks='official'))
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
@@ -506,8 +525,8 @@ def test_cpu_tensors_without_the_interpreter_name_the_fix(monkeypatch):
 
 
 def test_missing_triton_names_the_fix(monkeypatch):
-    from mmseg_mita.ops import backends
-    monkeypatch.setitem(backends._AVAILABLE, 'triton', False)
+    from mmseg_mita.ops import declaration
+    monkeypatch.setitem(declaration._AVAILABLE, 'triton', False)
     q = torch.randn(1, 1, 17, 16)
     with pytest.raises(ValueError, match='needs the module triton: `pip '
                        'install triton`'):

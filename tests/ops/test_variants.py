@@ -5,11 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from mita_testing import (aligned_qkv, assert_matches_reference, experts_of,
-                          random_qkv)
+                          plan_of, random_qkv)
 
-from mmseg_mita.ops import (MiTAOptions, mita_attention, naive_mita,
-                            select_backend)
-from mmseg_mita.ops.flash_backend import mita_flash
+from mmseg_mita.ops import mita_attention, naive_mita, select_backend
+from mmseg_mita.ops import flash_backend
 
 SHAPES = [
     # B, heads, hw, extra, pool, topk
@@ -201,8 +200,8 @@ def test_auto_backend_takes_torch_for_several_experts(plain_flash):
     q = torch.randn(1, 1, 17, 64, dtype=torch.float16)
 
     def chosen(**fields):
-        return select_backend('auto', q, q, q, MiTAOptions(**fields),
-                              0.0).name
+        return select_backend('auto', q, q, q,
+                              plan_of(q, (4, 4), 1, 2, 3, **fields)).name
 
     assert chosen() == 'flash'
     assert chosen(experts_per_query=2) == 'torch'
@@ -219,7 +218,7 @@ def test_flash_bookkeeping_of_the_ablations(plain_flash, shared, routed,
     experts = experts_of(q, k, v, hw, 1, (2, 3), 6,
                          shared_expert=shared, routed_experts=routed,
                          landmarks=landmarks)
-    assert_matches_reference(mita_flash(q, k, v, experts),
+    assert_matches_reference(flash_backend.attend_experts(q, k, v, experts),
                              naive_mita(q, k, v, hw, **options), (q, k, v))
 
 

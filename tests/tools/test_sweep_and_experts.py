@@ -1,5 +1,6 @@
 """tools/sweep_mk.py, tools/show_experts.py and swapping the attention of a
 checkpoint at test time (tools/test.py --cfg-options)."""
+import dataclasses
 import json
 import os.path as osp
 import re
@@ -11,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from show_experts import main as show_main
-from show_experts import pooling_cells, selection_frequency
-from sweep_mk import format_grid
-from sweep_mk import main as sweep_main
-from sweep_mk import training_setting
+from mmseg_mita.analysis.show_experts import main as show_main
+from mmseg_mita.analysis.show_experts import (pooling_cells,
+                                              selection_frequency)
+from mmseg_mita.analysis.sweep_mk import format_grid
+from mmseg_mita.analysis.sweep_mk import main as sweep_main
+from mmseg_mita.analysis.sweep_mk import training_setting
 
 FULL = 'configs/mita_vit/vit-mini8_upernet_1xb8-1k_demo-96x96.py'
 MITA = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
@@ -137,7 +139,7 @@ def test_training_setting_and_grid_marks():
 
 
 def test_sweep_variants():
-    from sweep_mk import variants
+    from mmseg_mita.analysis.sweep_mk import variants
     assert variants([1, 2], False) == [('MiTA', dict(experts_per_query=1)),
                                        ('MiTA s=2', dict(experts_per_query=2))]
     assert [name for name, _ in variants([1, 3], True)] == [
@@ -159,15 +161,15 @@ class _RecordingRunner:
     def test(self):
         backbone = self.model.backbone
         backbone(torch.randn(1, 3, 48, 40))  # a 6 x 5 patch grid
-        cfg = backbone.mita_cfg
-        self.settings.append(cfg and {k: cfg[k] for k in (
-            'pool_size', 'topk', 'experts_per_query', 'shared_expert',
-            'routed_experts', 'landmarks', 'layers')})
+        mita = backbone.mita
+        self.settings.append(mita and dict(
+            dataclasses.asdict(mita.options),
+            layers=list(backbone.mita_layers)))
         return {'mIoU': float(len(self.settings))}
 
 
 def test_sweep_runs_every_variant_that_fits(tmp_path):
-    from sweep_mk import plot_heatmap, sweep, variants
+    from mmseg_mita.analysis.sweep_mk import plot_heatmap, sweep, variants
     runner = _RecordingRunner()
     kept = dict(layers=[1], landmarks='official')
     results = sweep(runner, [1, 2, 6], [3, 40], kept,

@@ -132,11 +132,11 @@ class MiTAEncoderLayer(TransformerEncoderLayer):
 
 
 def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
-                   num_extra_tokens: int) -> Optional[dict]:
-    """``mita_cfg`` with defaults filled and every value checked: its
-    :class:`MiTAOptions` (``options``, and its fields as keys, ``pool_size``
-    a pair), ``layers`` (a sorted list) and ``backend``. None for full
-    attention."""
+                   num_extra_tokens: int
+                   ) -> Optional[Tuple[MiTALayerConfig, Tuple[int, ...]]]:
+    """``mita_cfg`` checked, defaults filled: the config of its MiTA layers
+    (one :class:`MiTAOptions`, validated once, and the backend) and their
+    sorted indices. None for full attention."""
     if mita_cfg is None:
         return None
     if not isinstance(mita_cfg, dict):
@@ -157,8 +157,9 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
             "mita_cfg.landmarks='official' pools the first H * W tokens, "
             'which needs exactly one extra (cls) token: build the backbone '
             "with with_cls_token=True, or use landmarks='patches'")
-    cfg = {**LAYER_KEYS, **mita_cfg, **dataclasses.asdict(options)}
-    check_choice(cfg['backend'], 'mita_cfg.backend', backend_names())
+    cfg = {**LAYER_KEYS, **mita_cfg}
+    backend = check_choice(cfg['backend'], 'mita_cfg.backend',
+                           backend_names())
     layers = cfg['layers']
     if layers == 'all':
         layers = list(range(num_layers))
@@ -171,7 +172,7 @@ def parse_mita_cfg(mita_cfg: Optional[dict], num_layers: int,
         raise ValueError(f'mita_cfg.layers {bad} are out of range for a '
                          f'backbone with num_layers={num_layers} '
                          f'(valid: 0..{num_layers - 1})')
-    return dict(cfg, layers=sorted(set(layers)), options=options)
+    return MiTALayerConfig(options, backend), tuple(sorted(set(layers)))
 
 
 @MODELS.register_module()
@@ -193,8 +194,11 @@ class MiTAViT(VisionTransformer):
       ``mmseg_mita.deploy.prepare_for_export``, see docs/deploy.md).
 
     The options are validated once, when the backbone is built (or
-    :meth:`set_mita` is called), into one :class:`MiTAOptions` shared by
-    the layers; each layer is told the patch grid by the backbone's
+    :meth:`set_mita` is called), into one :class:`MiTAOptions`: the
+    backbone keeps it with the backend name in ``mita`` (a
+    :class:`MiTALayerConfig`, None for full attention), shared by the MiTA
+    layers ``mita_layers``; :meth:`set_attention_backend` switches the
+    backend alone. Each layer is told the patch grid by the backbone's
     forward.
 
     Any input of at least one patch works: where the patch grid is smaller
@@ -214,7 +218,8 @@ class MiTAViT(VisionTransformer):
     ``mita_cfg=None, full_attention='mmcv'`` (without dwc, gate) is exactly
     mmseg's ViT. MiTA adds no parameters, so the state dict has mmseg's ViT
     keys and its checkpoints load unchanged; :meth:`set_mita` changes m, k
-    or the layers at any time (e.g. for inference).
+    or the layers at any time (e.g. for inference), and
+    :meth:`set_attention_backend` the backend.
 
     ``dwc=True`` / ``gate=True`` (arguments of the backbone only: they add
     parameters, so they are part of its structure) add the authors'
@@ -274,14 +279,30 @@ class MiTAViT(VisionTransformer):
         """Use MiTA with ``mita_cfg`` (see the class docstring), or full
         attention everywhere with ``None``. ``dwc`` and ``gate`` stay as
         built."""
-        cfg = parse_mita_cfg(mita_cfg, len(self.layers),
-                             1 if self.with_cls_token else 0)
-        layer_cfg = None if cfg is None else MiTALayerConfig(
-            cfg.pop('options'), cfg['backend'])
-        self.mita_cfg = cfg
+        parsed = parse_mita_cfg(mita_cfg, len(self.layers),
+                                1 if self.with_cls_token else 0)
+        self._use_mita(*(parsed or (None, ())))
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Compute the MiTA layers with ``backend`` (a name of
+        ``mmseg_mita.ops.backend_names()``), the options unchanged (e.g.
+        ``'export'`` for ONNX export, as
+        ``mmseg_mita.deploy.prepare_for_export`` does)."""
+        check_choice(backend, 'backend', backend_names())
+        if self.mita is None:
+            raise ValueError(
+                f'backend={backend!r} has no MiTA layer to compute: this '
+                'backbone uses full attention (mita_cfg=None); call '
+                'set_mita(dict(...)) first')
+        self._use_mita(dataclasses.replace(self.mita, backend=backend),
+                       self.mita_layers)
+
+    def _use_mita(self, mita: Optional[MiTALayerConfig],
+                  layers: Tuple[int, ...]) -> None:
+        """``mita`` in the layers ``layers``, full attention elsewhere."""
+        self.mita, self.mita_layers = mita, layers
         for i, layer in enumerate(self.layers):
-            on = cfg is not None and i in cfg['layers']
-            layer.attn.mita = layer_cfg if on else None
+            layer.attn.mita = mita if i in layers else None
 
     def train(self, mode: bool = True) -> 'MiTAViT':
         """mmseg's ViT ``train`` (``norm_eval`` included), returning the
