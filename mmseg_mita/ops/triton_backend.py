@@ -73,9 +73,10 @@ memory of a block and compiles without register spills in bf16 / fp16
 (docs/gpu.md lists them).
 
 Launches per call (ATen ops that do work + Triton kernels; measured in the
-interpreter at N = 1025 and 4097, bf16, 6 heads): 4 forward, 8 forward +
-backward (the 4 above, the fill, 3 kernels); under autocast, plus the casts
-of q, k, v to the autocast dtype.
+interpreter at N = 1025 and 4097, bf16, 6 heads, k = 49): 4 forward, 8
+forward + backward (the 4 above, the fill, 3 kernels); for k > 64 plus
+``torch.topk``; under autocast, plus the casts of q, k, v to the autocast
+dtype.
 No host synchronisation and no host-to-device copy: every buffer is sized
 from the shapes, no count is read on the host. The forward and the backward
 are ``torch.library`` custom ops (``mmseg_mita::mita_triton_fwd`` /
