@@ -114,7 +114,10 @@ class ExpertBlockAttention(torch.autograd.Function):
         out = _sum_pairs(out.view(slots, d).index_select(0, layout.slot),
                          s).view(g, n, d)
         if m:
-            out += torch.bmm(used[:, :m].view(g, n, m), shared_values)
+            # Out of place: torch 2.11's torch.compile drops the gradient
+            # of a Function output that forward modified in place.
+            out = torch.baddbmm(out, used[:, :m].view(g, n, m),
+                                shared_values)
 
         ctx.save_for_backward(probs, mask, q, k, v, shared_values, key_rows,
                               layout.block_expert, layout.slot)
