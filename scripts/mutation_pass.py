@@ -221,6 +221,14 @@ MUTATIONS = [
     ('dropout without its 1 / (1 - p) rescale in the backward only',
      TORCH_BACKEND, 'grad_logits.mul_(mask).div_(1 - dropout_p)',
      'grad_logits.mul_(mask)', CHECK_TEST),
+    ('torch backend: its Function output modified in place in forward',
+     TORCH_BACKEND,
+     'out = torch.baddbmm(out, used[:, :m].view(g, n, m),\n'
+     '                                shared_values)',
+     'out += torch.bmm(used[:, :m].view(g, n, m), shared_values)', [
+         'tests/ops/test_torch_compile.py::'
+         'test_function_output_is_not_modified_in_place'
+     ]),
     ('Triton interpreter: bf16 tl.dot operands not upcast', TRITON,
      'self.upcast = interpreted() and dtype == torch.bfloat16',
      'self.upcast = False', [

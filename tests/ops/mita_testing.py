@@ -69,6 +69,17 @@ def assert_matches_reference(out, ref, inputs, rtol=1e-10, atol=1e-10,
                                    msg=lambda m: f'grad of {name}: {m}')
 
 
+def assert_same_gradients(got, want, rtol, atol):
+    """Each gradient of ``got`` equals that of ``want``, and none of
+    ``want`` is all zero (a compiled backward that drops the gradient must
+    not pass against an eager one that lost it too)."""
+    assert len(got) == len(want)
+    for i, (g1, g2) in enumerate(zip(got, want)):
+        assert bool(g2.ne(0).any()), f'gradient {i} is all zero in eager'
+        torch.testing.assert_close(g1, g2, rtol=rtol, atol=atol,
+                                   msg=lambda m: f'gradient {i}: {m}')
+
+
 class ScaleGrad(torch.autograd.Function):
     """Identity whose backward scales the gradient by ``scale``: a backend
     with one wrong gradient, for the tests of the comparison helpers."""

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
-from mita_testing import aligned_qkv, experts_of, plan_of, random_qkv
+from mita_testing import (aligned_qkv, assert_same_gradients, experts_of,
+                          plan_of, random_qkv)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmseg_mita.ops import REGISTRY, mita_attention, naive_mita
@@ -408,14 +409,13 @@ def _call(q, k, v):
 def test_compiled_in_one_graph_matches_eager(backend):
     # fullgraph: the custom ops (forward, backward) leave no graph break.
     inputs = [t.detach().float() for t in random_qkv(1, 2, 21, 16)]
-    results = []
-    for fn in (_call, torch.compile(_call, fullgraph=True, backend=backend)):
+    outs, grads = [], []
+    for fn in (torch.compile(_call, fullgraph=True, backend=backend), _call):
         leaves = [t.clone().requires_grad_() for t in inputs]
-        out = fn(*leaves)
-        results.append([out] +
-                       list(torch.autograd.grad(out.square().sum(), leaves)))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        outs.append(fn(*leaves))
+        grads.append(torch.autograd.grad(outs[-1].square().sum(), leaves))
+    torch.testing.assert_close(*outs, rtol=1e-6, atol=1e-6)
+    assert_same_gradients(*grads, rtol=1e-6, atol=1e-6)
 
 
 def test_collected_on_first_use_inside_a_compiled_call(monkeypatch):
