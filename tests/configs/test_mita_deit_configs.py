@@ -1,6 +1,5 @@
 """The configs that fine-tune the authors' MiTA-DeiT-S checkpoints on
 ADE20K: their settings, and that they build and run (pretrained off)."""
-import copy
 import os.path as osp
 
 import pytest
@@ -19,8 +18,6 @@ CONFIGS = {  # config -> (dwc, gate, converted checkpoint)
     'mita-deit-s16-dwc-gate_upernet_8xb2-160k_ade20k-512x512.py':
     (True, True, 'pretrain/mita-deit-s16-dwc-gate_mmseg.pth'),
 }
-# raised (wrapped by the registry) while part 1 of issue 11 is not merged
-NO_LANDMARKS_KEY = "mita_cfg has unknown keys ['landmarks']"
 
 
 def _cfg(name):
@@ -63,18 +60,6 @@ def _inference(model_cfg, size=112):
 @pytest.mark.parametrize('name', CONFIGS)
 def test_builds_and_runs(name):
     dwc, gate, _ = CONFIGS[name]
-    model_cfg = _cfg(name).model
-    try:
-        model = _inference(copy.deepcopy(model_cfg))
-    except ValueError as err:
-        if NO_LANDMARKS_KEY not in str(err):
-            raise
-        # everything but the missing key is checked before giving up
-        del model_cfg.backbone.mita_cfg['landmarks']
-        model = _inference(model_cfg)
-        assert (model.backbone.dwc, model.backbone.gate) == (dwc, gate)
-        pytest.xfail("mita_cfg.landmarks ('official', issue 11 part 1) is "
-                     'not implemented in this branch yet; the config builds '
-                     'and runs without it')
+    model = _inference(_cfg(name).model)
     assert (model.backbone.dwc, model.backbone.gate) == (dwc, gate)
     assert model.backbone.mita.options.landmarks == 'official'

@@ -10,11 +10,9 @@ query by ``mmseg_mita.ops.naive_mita``, the depth-wise value conv, the
 SiLU gate, the MLP and the final norm. The converted ``MiTAViT`` must match
 it in float64, forward and backward.
 
-Landmarks: the default convention (pooled patch queries) always; the
-authors' ``landmarks='official'`` too where the operator has it (issue 11,
-part 1; skipped, saying so, where it does not).
+Landmarks: the default convention (pooled patch queries) and the
+authors' ``landmarks='official'``.
 """
-import inspect
 import os.path as osp
 import warnings
 
@@ -58,16 +56,6 @@ ATTENTION = {
         dict(pool_size=2, topk=7, backend='torch', landmarks='official'),
         [dict(pool_size=2, topk=7, landmarks='official')] * 2),
 }
-HAS_OFFICIAL = 'landmarks' in inspect.signature(naive_mita).parameters
-
-
-def _attention_cases(names):
-    return [
-        pytest.param(name, marks=pytest.mark.skipif(
-            'official' in name and not HAS_OFFICIAL,
-            reason="landmarks='official' (issue 11 part 1) is not in this "
-            'branch')) for name in names
-    ]
 
 
 def _raw(name):
@@ -154,7 +142,7 @@ def test_layout_is_told_from_content(name):
     assert cfg.get('dwc', False) == dwc and cfg.get('gate', False) == gate
 
 
-@pytest.mark.parametrize('attention', _attention_cases(ATTENTION))
+@pytest.mark.parametrize('attention', ATTENTION)
 @pytest.mark.parametrize('name', LAYOUTS)
 def test_converted_model_reproduces_the_raw_checkpoint(name, attention):
     mita_cfg, per_layer = ATTENTION[attention]
@@ -183,7 +171,7 @@ def test_float32_model_matches_float64_reference(name):
 
 
 @pytest.mark.parametrize('attention',
-                         _attention_cases(['full', 'mita', 'mita_official']))
+                         ['full', 'mita', 'mita_official'])
 def test_gradients_reach_conv_and_gate_as_in_the_raw_model(attention):
     name = 'mita_deit_dwc_gate.pth'
     mita_cfg, per_layer = ATTENTION[attention]

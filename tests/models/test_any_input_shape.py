@@ -138,8 +138,8 @@ def test_inference_model_segments_any_image(segmentor, size):
     assert logits.shape[1:] == size and torch.isfinite(logits).all()
 
 
-def test_issue_example_grid_smaller_than_the_landmark_grid():
-    """The issue's example: the demo model behind a keep-ratio resize into
+def test_grid_smaller_than_the_landmark_grid():
+    """The demo model behind a keep-ratio resize into
     96 x 96 (the demo's former test pipeline). A 37 x 203 image becomes
     18 x 96 pixels, a 3 x 12 patch grid under the 4 x 4 landmark grid; the
     data preprocessor pads it to 32 x 96 (4 x 12 patches), which the neck's
