@@ -400,6 +400,16 @@ MUTATIONS = [
     ('a missing path looked up as a config name', 'mmseg_mita/tools.py',
      'if osp.isfile(arg) or osp.dirname(arg):', 'if osp.isfile(arg):',
      CONFIG_TEST),
+    ('compile allowed on a torch that compiles MiTA wrong', COMPILE,
+     '    if torch.__version__ < COMPILE_MIN_TORCH:', '    if False:',
+     [COMPILE_TEST + 'test_compile_needs_its_minimum_torch']),
+    ('bench segmentor configs not looked up among the packaged ones',
+     'mmseg_mita/bench/segmentors.py', '    full = resolve_config(path)',
+     '    full = path', ['tests/bench/test_workloads.py']),
+    ('bench onnx configs not looked up among the packaged ones',
+     'mmseg_mita/bench/onnx_runtime.py',
+     'model = build_segmentor(resolve_config(config))',
+     'model = build_segmentor(config)', ['tests/bench/test_onnx.py']),
 ]
 
 
