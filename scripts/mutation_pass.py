@@ -36,6 +36,25 @@ SEGMENTOR_TEST = 'tests/bench/test_segmentor.py::'
 LAYER_TEST = ['tests/models/test_mita_vit.py']
 CHECK_TEST = ['tests/ops/test_dropout_and_checks.py']
 TRITON_TEST = ['tests/ops/test_triton_backend.py']
+TRITON_TEST_FILE = 'tests/ops/test_triton_backend.py::'
+TRITON_REF = [TRITON_TEST_FILE + 'test_float32_matches_reference']
+TRITON_GPU_TILES = [TRITON_TEST_FILE + 'test_gpu_tiles_match_reference']
+TRITON_SORT = [
+    TRITON_TEST_FILE + 'test_counting_sort_matches_a_plain_reference'
+]
+TRITON_ROUTING = [
+    TRITON_TEST_FILE +
+    'test_routing_is_the_first_argmax_and_nan_rows_go_to_expert_0'
+]
+TRITON_ROUTED = [
+    TRITON_TEST_FILE + 'test_expert_with_one_query_more_than_a_block'
+]
+TRITON_TOPK = [
+    TRITON_TEST_FILE + 'test_topk_is_the_largest_logits_lower_token_on_ties'
+]
+TRITON_WAVES = [
+    TRITON_TEST_FILE + 'test_every_launch_fills_an_h200_at_65537_tokens'
+]
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
 TORCH_BACKEND = 'mmseg_mita/ops/torch_backend.py'
 EXPORT = 'mmseg_mita/deploy/onnx_export.py'
@@ -211,7 +230,7 @@ MUTATIONS = [
      TORCH_BACKEND, 'grad_logits.mul_(mask).div_(1 - dropout_p)',
      'grad_logits.mul_(mask)', CHECK_TEST),
     ('Triton interpreter: bf16 tl.dot operands not upcast', TRITON,
-     'self.upcast = interpreted and dtype == torch.bfloat16',
+     'self.upcast = interpreted() and dtype == torch.bfloat16',
      'self.upcast = False', [
          'tests/ops/test_triton_backend.py::'
          'test_half_precision_within_twice_the_torch_backend_error'
@@ -334,17 +353,72 @@ MUTATIONS = [
      'return (bi * hgt // ph, ((bi + 1) * hgt + ph - 1) // ph,',
      'return (bi * hgt // ph, (bi + 1) * hgt // ph,', TRITON_TEST),
     ('Triton routing argmax over the padding experts too', TRITON,
-     "scores = tl.where(e_mask[None, :], scores, -float('inf'))",
+     "scores = tl.where(l_mask[None, :], scores, -float('inf'))",
      'scores = scores', TRITON_TEST),
     ('Triton counting sort rank counts the query itself', TRITON,
-     'rank = tl.cumsum(one_hot, 0) - one_hot', 'rank = tl.cumsum(one_hot, 0)',
+     'rank = tl.cumsum(hit, 0) - hit', 'rank = tl.cumsum(hit, 0)',
      TRITON_TEST),
     ('Triton blocks per expert off by one (floor)', TRITON,
-     'blocks = (counts + BLOCK - 1) // BLOCK', 'blocks = counts // BLOCK',
+     'return (counts + BLOCK - 1) // BLOCK', 'return counts // BLOCK',
      TRITON_TEST),
     ('Triton pooling backward into the extra tokens too', TRITON,
-     'member = member & l_mask[:, None] & is_patch[None, :]',
-     'member = member & l_mask[:, None]', TRITON_TEST),
+     'is_patch = (patch >= 0) & (patch < hgt * wid) & (offs_t < n)',
+     'is_patch = (patch < hgt * wid) & (offs_t < n)', TRITON_TEST),
+    ('Triton pooling backward: a patch in the next bin along W always',
+     TRITON, '            if dj == 1:\n                held = held & two_cols',
+     '            if dj == 1:\n                held = held', TRITON_REF),
+    ('Triton pooling: bin columns indexed with the grid width', TRITON,
+     'rows = first + (r0 + offs_i // bin_wid) * wid + c0 + offs_i % bin_wid',
+     'rows = first + (r0 + offs_i // wid) * wid + c0 + offs_i % wid',
+     TRITON_REF),
+    ('Triton sort: offsets count the split itself as earlier', TRITON,
+     'earlier += tl.sum(tl.where((rows < split)[:, None], counts, 0), 0)',
+     'earlier += tl.sum(tl.where((rows <= split)[:, None], counts, 0), 0)',
+     TRITON_SORT),
+    ("Triton sort: an expert's first block counts its own", TRITON,
+     'slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier',
+     'slot = (first_block + tl.cumsum(blocks, 0)) * BLOCK + earlier',
+     TRITON_SORT),
+    ('Triton routing: a later tile wins a tie', TRITON,
+     'wins = tile_top > top', 'wins = tile_top >= top', TRITON_ROUTING),
+    ('Triton routing: ids outside [0, m) kept (no expert-0 rule)', TRITON,
+     'expert = tl.where((expert >= 0) & (expert < m), expert, 0)',
+     'expert = expert', TRITON_ROUTED),
+    ('Triton split merge: log-sum-exp without the splits\' max', TRITON,
+     'tl.store(LSE_R + row, top + tl.log2(total))',
+     'tl.store(LSE_R + row, tl.log2(total))', TRITON_GPU_TILES),
+    ('Triton split merge: the last split tile dropped', TRITON,
+     '        weight = tl.where(s_mask, weight, 0.0)\n        total += weight',
+     '        weight = tl.where(s0 + BLOCK_S < splits, weight, 0.0)\n'
+     '        total += weight', TRITON_GPU_TILES),
+    ('Triton top-k: ties to the higher token', TRITON,
+     'keys = (bits.to(tl.int64) << 32) | (4294967295 - index.to(tl.int64))',
+     'keys = (bits.to(tl.int64) << 32) | index.to(tl.int64)', TRITON_TOPK),
+    ('Triton top-k: negative logits not reversed', TRITON,
+     'bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negatives: reversed',
+     'bits = bits', TRITON_TOPK),
+    ('Triton top-k: folded list left descending', TRITON,
+     'return tl.reshape(_bitonic(cube, DIMS, LOG_K, 0), best.shape)',
+     'return tl.reshape(_bitonic(cube, DIMS, LOG_K, 1), best.shape)',
+     TRITON_TOPK),
+    ('Triton top-k: neighbouring runs not alternating', TRITON,
+     'cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)',
+     'cube = _bitonic(cube, DIMS, run, 1)', TRITON_TOPK),
+    ('Triton top-k: the k smallest of the list written', TRITON,
+     'mask=offs_k >= K_PAD - k)', 'mask=offs_k < k)', TRITON_TOPK),
+    ('TRITON_INTERPRET set after a test module imports triton',
+     'tests/conftest.py', "    os.environ.setdefault('TRITON_INTERPRET', '1')",
+     '    pass', [
+         'tests/analysis/test_flops_variants.py',
+         TRITON_TEST_FILE + 'test_kernels_run_in_the_interpreter_without_a_gpu'
+     ]),
+    ('Triton atomics acquire-release (the default sem)', TRITON,
+     "tl.atomic_add(ptr, value, mask=mask, sem='relaxed')",
+     'tl.atomic_add(ptr, value, mask=mask)',
+     ['tests/ops/test_triton_compile.py::test_no_spills_or_gpu_scope_fences']),
+    ('Triton keys pass: one split for any N (no waves)', TRITON,
+     'programs = 8 if arch is None else 2 * _SMS.get(arch, 132)',
+     'programs = 1', TRITON_WAVES),
     ('Triton float32 dots on tf32', TRITON,
      "self.precision = 'ieee' if dtype == torch.float32 else 'tf32'",
      "self.precision = 'tf32'", TRITON_TEST),

@@ -1,8 +1,17 @@
+import os
 import os.path as osp
 
 import pytest
+import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# Without a GPU the Triton kernels run in Triton's interpreter: the variable
+# only takes effect before triton is first imported, and test modules
+# import it indirectly (``torch.utils.flop_counter`` imports triton), so it
+# is set here, before any test module is collected. With CUDA the kernels
+# are compiled and the CUDA tests run them (``ops/test_cuda_backends.py``).
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
 
 
 @pytest.fixture(scope='session')

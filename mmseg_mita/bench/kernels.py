@@ -40,7 +40,8 @@ every trip, both sides of a branch included), caches (L2 hits cost like
 HBM; spills hit L1), launch latency and the host. Programs whose block has
 no expert return at once and cost nothing (``programs``: routing assumed
 balanced, N / m queries per expert). Loop trip counts of a program whose
-trips vary (``_landmarks_fwd``'s patch rows) are their mean.
+trips vary (``_pool``'s bin patches, ``_merge``'s expert and split work)
+are their mean.
 
 Full attention (FlashAttention) at the same shape: 4 N^2 d FLOPs per head
 forward, 2.5 times that forward+backward; bytes of q, k, v, o forward, plus
@@ -102,16 +103,16 @@ class KernelModel(NamedTuple):
     programs: Optional[Callable[[Args], float]] = None
 
 
-def _pooling_trips(a: Args) -> float:
-    """Mean patch-row blocks that a ``_landmarks_fwd`` program pools."""
-    trips = []
-    for block in range(a.grid[1]):
-        l0 = block * a.BLOCK_L
-        last = min(l0 + a.BLOCK_L, a.m) - 1
-        start = (l0 // a.pw) * a.hgt // a.ph * a.wid
-        end = (((last // a.pw) + 1) * a.hgt + a.ph - 1) // a.ph * a.wid
-        trips.append(cdiv(end - start, a.BLOCK_N))
-    return sum(trips) / len(trips)
+def _bin_sizes(a: Args) -> List[int]:
+    """Patches in each adaptive-pooling bin (PyTorch's bins, which may
+    overlap: bin i of an axis of L in p is [floor(i L / p), ceil((i + 1) L /
+    p)))."""
+
+    def lengths(size, bins):
+        return [-(-(i + 1) * size // bins) - i * size // bins
+                for i in range(bins)]
+
+    return [r * c for r in lengths(a.hgt, a.ph) for c in lengths(a.wid, a.pw)]
 
 
 def _routed_rows(a: Args) -> int:
@@ -120,8 +121,10 @@ def _routed_rows(a: Args) -> int:
 
 
 def _expert_programs(a: Args) -> int:
-    """Blocks holding queries when every expert gets N / m of them."""
-    return a.G * min(a.num_blocks, a.m * cdiv(cdiv(a.n, a.m), a.BLOCK))
+    """Programs (``BLOCK_M`` slots of a block) whose block has an expert,
+    when every expert gets N / m queries."""
+    blocks = min(a.num_blocks, a.m * cdiv(cdiv(a.n, a.m), a.BLOCK))
+    return a.G * blocks * (a.BLOCK // a.BLOCK_M)
 
 
 def _layout_bytes(a: Args) -> int:
@@ -129,27 +132,64 @@ def _layout_bytes(a: Args) -> int:
     return (a.slots_per_group + a.num_blocks) * 4
 
 
+def _split_bytes(a: Args, splits: int) -> int:
+    """What the keys pass hands the merge per group: each split's partial
+    softmax (float32 output and log-sum-exp per landmark), top-k lists
+    (int64, when fused) and counts per expert (int32)."""
+    top = a.m * 2**a.LOG_K * 8 if a.FUSED_TOPK else 0
+    return splits * (a.m * (a.d + 1) * 4 + top + a.M_PAD * 4)
+
+
+def _merge_trips(a: Args) -> List[float]:
+    """``_merge``'s loops, per program on average (programs below m merge an
+    expert, those below S sort a split's queries): the split tiles of the
+    shared expert (2) and of the top-k lists (when fused), the counts, the
+    expert's block and slot fills (the last expert's fills too, once in m
+    programs), the expert tiles of the sort, their counts and ids."""
+    experts = a.m / a.grid[1]
+    sorts = a.splits / a.grid[1]
+    tiles = cdiv(a.splits, 2**a.LOG_S) * experts
+    return ([tiles, tiles] + ([tiles] if a.FUSED_TOPK else []) + [
+        tiles, experts, experts, 1 / a.grid[1], 1 / a.grid[1],
+        cdiv(a.m, a.E_TILE) * sorts,
+        cdiv(a.splits, 2**a.LOG_S),
+        cdiv(cdiv(a.n, a.splits), a.BLOCK_I)
+    ])
+
+
 # The per-kernel knowledge of the model, one entry per Triton kernel
 # (``e`` = element bytes of q; per group: n tokens, m landmarks, k routed
-# keys, d head dims, P = hgt * wid patches).
+# keys, d head dims, P = hgt * wid patches, S splits of the keys pass).
 KERNELS: Dict[str, KernelModel] = {
-    # Loops: the pooled patch rows, the keys. Reads the patch queries, K and
-    # V; writes R, Vt, their log-sum-exp and the [m, n] float32 key logits.
-    '_landmarks_fwd': KernelModel(
-        trips=lambda a: [_pooling_trips(a), cdiv(a.n, a.BLOCK_N)],
-        bytes=lambda a: a.G * (
-            (a.hgt * a.wid + 2 * a.n + 2 * a.m) * a.d * a.size('Q') +
-            a.m * 4 + a.m * a.n * a.size('KEY_LOGITS')),
-        flops=lambda a: a.G * (4 * a.m * a.n * a.d + a.hgt * a.wid * a.d)),
-    # Loops: the slot fill, routing + counts, block experts, ranks. Reads q
-    # and R; writes the experts of the queries and the block layout.
-    '_route_and_sort': KernelModel(
+    # Loop: the patches of the landmark's bin. Reads them; writes R.
+    '_pool': KernelModel(
         trips=lambda a: [
-            cdiv(a.slots_per_group, a.CHUNK), cdiv(a.n, a.CHUNK),
-            cdiv(a.num_blocks, a.CHUNK), cdiv(a.n, a.CHUNK)],
+            sum(cdiv(size, a.BLOCK_P) for size in _bin_sizes(a)) / a.m],
+        bytes=lambda a: a.G * (a.hgt * a.wid + a.m) * a.d * a.size('Q'),
+        flops=lambda a: a.G * a.hgt * a.wid * a.d),
+    # Loops: the landmark tiles and, in each, the split's key tiles; the
+    # split's query tiles and, in each, the landmark tiles of the routing.
+    # Reads q, K, V and R; writes the experts of the queries and what the
+    # merge reads (and R K^T, float32, when k is too large to fuse).
+    '_keys': KernelModel(
+        trips=lambda a: [
+            cdiv(a.m, 2**a.LOG_L), a.n / a.grid[1] / 2**a.LOG_N,
+            a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
         bytes=lambda a: a.G * (
-            (a.n + a.m) * a.d * a.size('Q') + a.n * 4 + _layout_bytes(a)),
-        flops=lambda a: a.G * 2 * a.n * a.m * a.d),
+            (3 * a.n + a.m) * a.d * a.size('Q') + a.n * 4 +
+            _split_bytes(a, a.grid[1]) +
+            (a.m * a.n * 4 if a.STORE_LOGITS else 0)),
+        flops=lambda a: a.G * 6 * a.m * a.n * a.d),
+    # Loops: see _merge_trips. Reads the splits' partials and counts, the
+    # experts of the queries; writes Vt, its lse, the top-k rows and the
+    # block layout.
+    '_merge': KernelModel(
+        trips=_merge_trips,
+        bytes=lambda a: a.G * (
+            _split_bytes(a, a.splits) + a.n * 4 + a.m * a.d * a.size('VT') +
+            a.m * 4 +
+            a.m * a.k * a.size('TOPK') + _layout_bytes(a)),
+        flops=lambda a: 0),
     # Loops: the compressed keys, the routed keys. Reads q, R, Vt, the top-k
     # rows, the routed keys and values, the layout; writes o and its lse.
     '_experts_fwd': KernelModel(
@@ -172,17 +212,18 @@ KERNELS: Dict[str, KernelModel] = {
     # Loop: the landmarks. Reads K, V, R, Vt, their lse, dVt and the routed
     # dk, dv sums; writes dk, dv and adds dR.
     '_shared_bwd': KernelModel(
-        trips=lambda a: [cdiv(a.m, a.BLOCK_N)],
+        trips=lambda a: [cdiv(a.m, a.BLOCK_L)],
         bytes=lambda a: a.G * (
             (4 * a.n + 2 * a.m) * a.d * a.size('K') + a.m * 4 +
             (2 * a.n + 2 * a.m) * a.d * a.size('DK_ACC')),
         flops=lambda a: a.G * 10 * a.m * a.n * a.d),
-    # Loop: the landmarks. Reads dq (float32) and dR; writes dq.
+    # No loop: the (at most 2 x 2) bins of a patch, gathered. Reads dq
+    # (float32) and dR; writes dq.
     '_pool_bwd': KernelModel(
-        trips=lambda a: [cdiv(a.m, a.BLOCK_N)],
+        trips=lambda a: [],
         bytes=lambda a: a.G * (
             (a.n + a.m) * a.d * a.size('DQ_ACC') + a.n * a.d * a.size('DQ')),
-        flops=lambda a: a.G * a.hgt * a.wid * a.d),
+        flops=lambda a: a.G * 4 * a.hgt * a.wid * a.d),
 }
 # ATen ops whose inputs are read for their shape only.
 FACTORIES = frozenset({

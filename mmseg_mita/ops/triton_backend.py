@@ -4,41 +4,54 @@
 Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
 :func:`~.naive.naive_mita`), the forward is FOUR launches:
 
-1. ``_landmarks_fwd``, one program per (group, ``BLOCK_L`` landmarks):
-   pools its landmarks ``R`` from the query grid (a 0/1 bin-membership
-   matrix times the patch queries, over the patch rows its bins touch,
-   divided by the bin size: PyTorch's adaptive bins, which may overlap),
-   then one pass over the keys: ``R K^T`` is stored (``key_logits``, for the
-   top-k) and an online softmax of ``s R K^T`` accumulates the shared values
-   ``Vt`` and their log-sum-exp (saved for the backward);
-2. ``torch.topk(key_logits, min(topk, N), sorted=False)`` (one ATen op);
-3. ``_route_and_sort``, one program per group: the routing argmax of
-   ``q . R`` (first index on ties) and a counting sort of the group's
-   queries by expert, ``CHUNK`` queries at a time: pass 1 routes and
-   counts, pass 2 ranks each query stably (cumsum of a one-hot
-   [CHUNK, M_PAD]). One program per group keeps the sort exact and free of
-   a second launch; its serial passes grow with N (the one cost that
-   does, at large N and few groups). Fixed-capacity layout: a
-   group has ``NB = N // BLOCK + min(m, N)`` blocks of ``BLOCK`` slots (an
-   expert with ``c`` queries takes ``ceil(c / BLOCK)`` consecutive blocks,
-   in expert order; ``sum ceil(c_e / BLOCK) <= N / BLOCK + #non-empty``);
+1. ``_pool``, grid (G, m): landmark ``j`` is the mean of the patch queries
+   of its bin (PyTorch's adaptive bins, which may overlap) -> ``R``;
+2. ``_keys``, grid (G, S): the tokens in ``S`` splits of ``chunk`` (about
+   two waves of programs over the groups, at least two key tiles each).
+   Split ``s`` streams its keys once per tile of 16 landmarks: ``R K^T``
+   feeds a partial online softmax of ``s R K^T`` (the split's output and
+   log-sum-exp, as in flash-decoding) and a running top-``K_PAD`` list per
+   landmark (int64 keys: the order-preserving bits of the float32 logit
+   above ``2^32 - 1 - token``, so ties go to the lower token and NaN ranks
+   above every number, as in ``torch.topk``; a key tile is folded in by one
+   ``tl.topk`` and one bitonic merge). Then it routes its own queries,
+   ``argmax_j q . R_j`` (the first index on ties; a NaN score counts as
+   +inf, so an all-NaN row goes to expert 0, as ``torch.argmax`` sends it;
+   an id outside ``[0, m)``, what a compiled argmax may return for a row it
+   cannot order, becomes 0: every query gets its output rows), and counts
+   them per expert;
+3. ``_merge``, grid (G, max(m, S)): program ``p < m`` merges expert ``p``'s
+   S partial softmaxes into its shared values ``Vt`` and their log-sum-exp
+   (saved for the backward) and its S top-k lists into its ``k`` keys, and
+   marks its blocks; program ``p < S`` writes the queries of split ``p``
+   to their slots, a stable counting sort: a query's slot is its expert's
+   first slot (after the blocks of the experts before it, from the splits'
+   counts), plus its expert's queries in earlier splits, plus its rank
+   among them in the split. Fixed-capacity layout: a group has
+   ``NB = N // BLOCK + min(m, N)`` blocks of ``BLOCK`` slots (an expert
+   with ``c`` queries takes ``ceil(c / BLOCK)`` consecutive blocks, in
+   expert order; ``sum ceil(c_e / BLOCK) <= N / BLOCK + #non-empty``);
    ``slots`` maps slot -> query (-1 empty), ``block_expert`` block ->
    expert (-1 unused);
-4. ``_experts_fwd``, one program per block: ONE online softmax (float32,
-   base 2) over the ``m`` compressed logits ``s^2 q . R`` (recomputed from
-   ``R``: cheaper than storing [G, N, m]) with values ``Vt`` and the
-   expert's ``k`` routed keys, read by index from K and V; writes the output
-   and its log-sum-exp.
+4. ``_experts_fwd``, one program per ``BLOCK_M`` slots (a part of one
+   block): ONE online softmax (float32, base 2) over the ``m`` compressed
+   logits ``s^2 q . R`` (recomputed from ``R``: cheaper than storing
+   [G, N, m]) with values ``Vt`` and the expert's ``k`` routed keys, read
+   by index from K and V; writes the output and its log-sum-exp.
+
+For ``k > 64`` (:data:`TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
+(float32 [G, m, N]) instead of the lists and ``torch.topk(min(topk, N),
+sorted=False)`` selects: 5 launches.
 
 Backward (flash-style: probabilities recomputed from the saved
 log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
 
-1. ``_experts_bwd``, one program per block: ``delta = rowsum(dO * O)``;
-   compressed keys: ``dq += s^2 dS R``, ``dR += s^2 dS^T q`` and
-   ``dVt += P^T dO`` (atomics; the probabilities are already in registers,
-   so ``dVt`` needs no second pass); routed keys: ``dq += s dS K``,
-   ``dk += s dS^T q``, ``dv += P^T dO`` (atomics: a key may be routed by
-   several experts, an expert span several blocks). ``dq`` (float32) is
+1. ``_experts_bwd``, one program per ``BLOCK_M`` slots: ``delta =
+   rowsum(dO * O)``; compressed keys: ``dq += s^2 dS R``, ``dR += s^2 dS^T
+   q`` and ``dVt += P^T dO`` (atomics; the probabilities are already in
+   registers, so ``dVt`` needs no second pass); routed keys: ``dq += s dS
+   K``, ``dk += s dS^T q``, ``dv += P^T dO`` (atomics: a key may be routed
+   by several experts, an expert span several blocks). ``dq`` (float32) is
    stored;
 2. ``_shared_bwd``, one program per (group, key block): the shared
    expert's backward from its saved log-sum-exp,
@@ -46,12 +59,24 @@ log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
    ``dk += s dS^T R``, ``dv += P^T dVt``; it owns its keys, so it adds the
    routed sums of step 1 and writes ``dk``, ``dv`` in their dtype;
 3. ``_pool_bwd``, one program per (group, token block): ``dq += dR / bin
-   size`` for every bin holding the patch query, written in its dtype.
+   size`` of each bin holding the patch query, gathered (a patch lies in at
+   most 2 x 2 bins, as the pool size is at most the grid), written in its
+   dtype.
+
+Every atomic is a relaxed float32 add whose sum a later launch reads (the
+kernel boundary orders it): no kernel has a memory fence, and no program
+waits for another. Tiles and launch settings (:class:`_Config`) are a
+function of the shapes, the dtype and the target that triton's active
+driver compiles for (``get_current_target().arch``, which an
+ahead-of-time check can stub): per target, every launch fits the shared
+memory of a block and compiles without register spills in bf16 / fp16
+(docs/gpu.md lists them).
 
 Launches per call (ATen ops that do work + Triton kernels; measured in the
-interpreter at N = 1025 and 4097, bf16, 6 heads): 4 forward, 8 forward +
-backward (the 4 above, the fill, 3 kernels); under autocast, plus the casts
-of q, k, v to the autocast dtype.
+interpreter at N = 1025 and 4097, bf16, 6 heads, k = 49): 4 forward, 8
+forward + backward (the 4 above, the fill, 3 kernels); for k > 64 plus
+``torch.topk``; under autocast, plus the casts of q, k, v to the autocast
+dtype.
 No host synchronisation and no host-to-device copy: every buffer is sized
 from the shapes, no count is read on the host. The forward and the backward
 are ``torch.library`` custom ops (``mmseg_mita::mita_triton_fwd`` /
@@ -93,6 +118,8 @@ except ImportError:  # pragma: no cover - very old triton
     InterpretedFunction = ()
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+# Below every key of _ranked: the empty places of a top-k list.
+LOWEST = tl.constexpr(-2**63)
 
 
 @triton.jit
@@ -168,14 +195,14 @@ def _bin_size(offs_l, hgt, wid, ph, pw):
 
 
 @triton.jit
-def _bins(offs_l, offs_p, hgt, wid, ph, pw):
-    """[L, P]: whether patch ``offs_p`` (row-major on the ``hgt x wid``
-    grid) lies in the bin of landmark ``offs_l``."""
-    r0, r1, c0, c1 = _bin_bounds(offs_l, hgt, wid, ph, pw)
-    r = (offs_p // wid)[None, :]
-    c = (offs_p % wid)[None, :]
-    return ((r0[:, None] <= r) & (r < r1[:, None]) & (c0[:, None] <= c)
-            & (c < c1[:, None]))
+def _first_bin(x, length, p):
+    """First of the (at most two, as ``p <= length``) adaptive bins of an
+    axis of ``length`` in ``p`` bins that hold coordinate ``x``: bin i holds
+    x iff ``floor(i L / p) <= x < ceil((i + 1) L / p)``, i.e. ``floor(x p /
+    L) <= i <= floor(((x + 1) p - 1) / L)``; and whether the next bin holds
+    it too."""
+    first = x * p // length
+    return first, first < ((x + 1) * p - 1) // length
 
 
 @triton.jit
@@ -193,12 +220,103 @@ def _online_softmax(m_i, l_i, acc, logits, values, PRECISION: tl.constexpr,
 
 
 @triton.jit
+def _ranked(x, index, mask):
+    """int64 keys ordered as the float32 ``x`` (NaN above +inf, as in
+    ``torch.topk``; -0.0 as 0.0), ties to the lower ``index`` (int32 >= 0):
+    the order-preserving bits of ``x`` above ``2**32 - 1 - index``;
+    :data:`LOWEST` where ``mask`` is off."""
+    bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True)
+    bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negatives: reversed
+    bits = tl.where(x != x, 0x7FFFFFFF, bits)
+    keys = (bits.to(tl.int64) << 32) | (4294967295 - index.to(tl.int64))
+    return tl.where(mask, keys, LOWEST)
+
+
+@triton.jit
+def _token_of(keys):
+    """The token index of keys of :func:`_ranked` (int64)."""
+    return 4294967295 - (keys & 4294967295)
+
+
+@triton.jit
+def _bit(DIMS: tl.constexpr, BIT: tl.constexpr):
+    """Bit ``BIT`` of the position of each element of a hypercube (``DIMS``
+    axes of 2, the last axis bit 0), broadcastable to it."""
+    return tl.reshape(
+        tl.arange(0, 2), [1] * (DIMS - 1 - BIT) + [2] + [1] * BIT)
+
+
+@triton.jit
+def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
+             ORDER: tl.constexpr):
+    """Each bitonic run of ``2**RUN`` elements of ``cube`` (position bits
+    below ``RUN``; ``DIMS`` axes of 2) sorted: ascending (``ORDER`` 0),
+    descending (1), or ascending where bit ``RUN`` of the position is 0 and
+    descending where it is 1 (2). A step pairs the positions that differ in
+    one bit, from the highest: the smaller of a pair goes first where the
+    run ascends. An element's partner is the pair's sum minus it (a sum
+    over an axis of 2; int64 wraps around exactly)."""
+    if ORDER == 2:
+        down = _bit(DIMS, RUN)
+    else:
+        down = ORDER
+    for i in tl.static_range(RUN):  # bit RUN - 1 - i: axis DIMS - RUN + i
+        partner = tl.sum(cube, DIMS - RUN + i, keep_dims=True) - cube
+        first = (_bit(DIMS, RUN - 1 - i) ^ down) == 0
+        cube = tl.where(first, tl.minimum(cube, partner),
+                        tl.maximum(cube, partner))
+    return cube
+
+
+@triton.jit
+def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
+             LOG_K: tl.constexpr):
+    """The ``2**LOG_K`` largest of each row of ``x`` [2**LOG_R rows,
+    2**LOG_N], descending: runs of ``2**LOG_K`` sorted in alternating
+    order, then the elementwise max of neighbouring runs (an ascending and
+    a descending one: it holds the largest of both as a bitonic run)
+    sorted again, until one run is left."""
+    DIMS: tl.constexpr = LOG_R + LOG_N
+    cube = tl.reshape(x, [2] * DIMS)
+    for run in tl.static_range(1, LOG_K + 1):
+        cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
+    for i in tl.static_range(LOG_N - LOG_K):
+        cube = tl.max(cube, DIMS - 1 - i - LOG_K)  # neighbouring runs
+        cube = _bitonic(cube, DIMS - 1 - i, LOG_K,
+                        2 if i + 1 < LOG_N - LOG_K else 1)
+    return tl.reshape(cube, x.shape[:-1] + [2**LOG_K])
+
+
+@triton.jit
+def _fold_topk(best, keys, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
+               LOG_K: tl.constexpr):
+    """The ``2**LOG_K`` largest of ``best`` (ascending along its last axis)
+    and ``keys`` (any order, ``2**LOG_N`` along the last axis; both with
+    ``2**LOG_R`` rows), ascending: the elementwise max of an ascending and a
+    descending list holds the largest of both as a bitonic run, which one
+    bitonic merge sorts."""
+    DIMS: tl.constexpr = LOG_R + LOG_K
+    cube = tl.reshape(
+        tl.maximum(best, _largest(keys, LOG_R, LOG_N, LOG_K)), [2] * DIMS)
+    return tl.reshape(_bitonic(cube, DIMS, LOG_K, 0), best.shape)
+
+
+@triton.jit
 def _probs(a, b, lse, pair_mask, scale, PRECISION: tl.constexpr,
            UPCAST: tl.constexpr):
     """Probabilities of the logits ``scale * a b^T`` (``scale`` in base 2),
     recomputed from the log-sum-exp of each row (0 where masked)."""
     logits = _dot(a, tl.trans(b), PRECISION, UPCAST)
     return tl.where(pair_mask, tl.exp2(logits * scale - lse[:, None]), 0.0)
+
+
+@triton.jit
+def _landmark_rows(g, offs, m, d, offs_d, d_mask):
+    """Offsets and mask of rows ``offs`` of group ``g`` in a contiguous
+    [G, m, d] tensor (landmarks, shared values and their gradients)."""
+    mask = offs < m
+    return ((g * m + offs).to(tl.int64)[:, None] * d + offs_d[None, :],
+            mask[:, None] & d_mask[None, :], mask)
 
 
 @triton.jit
@@ -223,33 +341,20 @@ def _score_grad(p, do, values, delta, PRECISION: tl.constexpr,
 
 
 @triton.jit
-def _landmark_rows(g, offs, m, d, offs_d, d_mask):
-    """Offsets and mask of rows ``offs`` of group ``g`` in a contiguous
-    [G, m, d] tensor (landmarks, shared values and their gradients)."""
-    mask = offs < m
-    return ((g * m + offs).to(tl.int64)[:, None] * d + offs_d[None, :],
-            mask[:, None] & d_mask[None, :], mask)
-
-
-@triton.jit
-def _block_queries(SLOTS, g, blk, slots_per_group, BLOCK: tl.constexpr):
-    """Queries of block ``blk`` of group ``g`` (int64, 0 where empty) and
-    their mask."""
-    offs = g.to(tl.int64) * slots_per_group + blk * BLOCK + tl.arange(0, BLOCK)
-    rows = tl.load(SLOTS + offs)
-    return tl.where(rows >= 0, rows, 0).to(tl.int64), rows >= 0
-
-
-@triton.jit
 def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-           num_blocks, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The block of this program (grid: group, block): its group, its expert
-    (-1 unused), its queries' rows and mask, the head-dim offsets and mask,
-    and the queries."""
+           num_blocks, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_D: tl.constexpr):
+    """The ``BLOCK_M`` slots of this program (grid: group, ``BLOCK_M``
+    slots; ``BLOCK_M`` divides the layout's ``BLOCK``): its group, its
+    expert (-1 unused), its queries' rows (int64, 0 where empty) and mask,
+    the head-dim offsets and mask, and the queries."""
     g = tl.program_id(0)
-    blk = tl.program_id(1)
-    expert = tl.load(BLOCK_EXPERT + g * num_blocks + blk)
-    rows, row_mask = _block_queries(SLOTS, g, blk, slots_per_group, BLOCK)
+    tile = tl.program_id(1)
+    expert = tl.load(BLOCK_EXPERT + g * num_blocks + tile * BLOCK_M // BLOCK)
+    rows = tl.load(SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M +
+                   tl.arange(0, BLOCK_M))
+    row_mask = rows >= 0
+    rows = tl.where(row_mask, rows, 0).to(tl.int64)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     q = _load_rows(Q + _group_base(g, heads, sqb, sqh), rows, row_mask, sqn,
                    offs_d, d_mask)
@@ -278,161 +383,368 @@ def _routed_keys(TOPK_E, k_base, v_base, n0, k, skn, svn, offs_d, d_mask,
 
 
 @triton.jit
+def _add(ptr, value, mask):
+    """``ptr += value`` (float32 atomics, relaxed: every sum is read by a
+    later launch, and a kernel boundary orders it)."""
+    tl.atomic_add(ptr, value, mask=mask, sem='relaxed')
+
+
+@triton.jit
 def _add_key_grads(DK, DV, offs, mask, ds, p, q, do, PRECISION: tl.constexpr,
                    UPCAST: tl.constexpr):
-    """Add ``dS^T q`` into ``DK`` and ``P^T dO`` into ``DV`` (float32
-    atomics) at ``offs``."""
-    tl.atomic_add(
-        DK + offs,
-        _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION, UPCAST),
-        mask=mask)
-    tl.atomic_add(
-        DV + offs,
-        _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION, UPCAST),
-        mask=mask)
+    """Add ``dS^T q`` into ``DK`` and ``P^T dO`` into ``DV`` at ``offs``."""
+    _add(DK + offs,
+         _dot(_cast(tl.trans(ds), q.dtype, UPCAST), q, PRECISION, UPCAST),
+         mask)
+    _add(DV + offs,
+         _dot(_cast(tl.trans(p), do.dtype, UPCAST), do, PRECISION, UPCAST),
+         mask)
 
 
-@triton.jit(do_not_specialize=['n', 'hgt', 'wid', 'first'])
-def _landmarks_fwd(Q, K, V, R, VT, LSE_R, KEY_LOGITS, n, m, d, heads, first,
-                   hgt, wid, ph, pw, sqb, sqh, sqn, skb, skh, skn, svb, svh,
-                   svn, qk_scale, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
-    """Landmarks, key logits and shared values of ``BLOCK_L`` landmarks."""
+@triton.jit
+def _route(q, R, g, m, d, offs_d, d_mask, E_TILE: tl.constexpr,
+           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The expert of each query of ``q``: ``argmax_j q . R_j``, the first
+    index on ties, a NaN score taken as +inf (an all-NaN row: expert 0, as
+    ``torch.argmax``), over tiles of ``E_TILE`` landmarks."""
+    top = tl.full([q.shape[0]], -float('inf'), tl.float32)
+    expert = tl.zeros([q.shape[0]], tl.int32)
+    for l0 in range(0, m, E_TILE):
+        offs_l = l0 + tl.arange(0, E_TILE)
+        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
+                                                d_mask)
+        scores = _dot(q, tl.trans(tl.load(R + r_offs, mask=r_mask, other=0.0)),
+                      PRECISION, UPCAST)
+        scores = tl.where(scores != scores, float('inf'), scores)
+        scores = tl.where(l_mask[None, :], scores, -float('inf'))
+        tile_top, tile_expert = tl.max(scores, 1, return_indices=True)
+        wins = tile_top > top  # an earlier tile keeps a tie
+        expert = tl.where(wins, l0 + tile_expert, expert)
+        top = tl.where(wins, tile_top, top)
+    return expert
+
+
+@triton.jit(do_not_specialize=['hgt', 'wid', 'first'])
+def _pool(Q, R, m, d, heads, first, hgt, wid, ph, pw, sqb, sqh, sqn,
+          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """Landmark ``j`` of group ``g`` (grid: G, m): the mean of the patch
+    queries of its bin, ``BLOCK_P`` patches at a time."""
     g = tl.program_id(0)
-    l0 = tl.program_id(1) * BLOCK_L
-    offs_l = l0 + tl.arange(0, BLOCK_L)
+    j = tl.program_id(1)
+    r0, r1, c0, c1 = _bin_bounds(j, hgt, wid, ph, pw)
+    bin_wid = c1 - c0
+    size = (r1 - r0) * bin_wid
     offs_d, d_mask = _head_dim(d, BLOCK_D)
-    r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d, d_mask)
-    q_base = Q + _group_base(g, heads, sqb, sqh) + first * sqn
-    # Patch rows that this block's bins cover.
-    last = tl.minimum(l0 + BLOCK_L, m) - 1
-    p_start = (l0 // pw) * hgt // ph * wid
-    p_end = (((last // pw) + 1) * hgt + ph - 1) // ph * wid
-    pooled = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-    for p0 in range(p_start, p_end, BLOCK_N):
-        offs_p = p0 + tl.arange(0, BLOCK_N)
-        p_mask = offs_p < p_end
-        member = _bins(offs_l, offs_p, hgt, wid, ph, pw)
-        patches = _load_rows(q_base, offs_p.to(tl.int64), p_mask, sqn, offs_d,
-                             d_mask)
-        pooled += _dot(
-            _cast(member.to(tl.float32), patches.dtype, UPCAST), patches,
-            PRECISION, UPCAST)
-    size = tl.where(l_mask, _bin_size(offs_l, hgt, wid, ph, pw), 1)
-    marks = _cast(pooled / size[:, None], R.dtype.element_ty, UPCAST)
-    tl.store(R + r_offs, marks, mask=r_mask)
-
-    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
-    m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
-    l_i = tl.zeros([BLOCK_L], tl.float32)
-    acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-    for n0 in range(0, n, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < n
-        keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
-                          d_mask)
-        values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
-                            d_mask)
-        logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
-        tl.store(
-            KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-            offs_n[None, :],
-            logits,
-            mask=l_mask[:, None] & n_mask[None, :])
-        logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
-        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
-                                        PRECISION, UPCAST)
+    q_base = Q + _group_base(g, heads, sqb, sqh)
+    total = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+    for i0 in range(0, size, BLOCK_P):
+        offs_i = i0 + tl.arange(0, BLOCK_P)
+        rows = first + (r0 + offs_i // bin_wid) * wid + c0 + offs_i % bin_wid
+        total += _load_rows(q_base, rows.to(tl.int64), offs_i < size, sqn,
+                            offs_d, d_mask).to(tl.float32)
+    mark = tl.sum(total, 0) / size
     tl.store(
-        VT + r_offs,
-        _cast(acc / l_i[:, None], VT.dtype.element_ty, UPCAST),
-        mask=r_mask)
-    tl.store(LSE_R + g * m + offs_l, m_i + tl.log2(l_i), mask=l_mask)
+        R + (g * m + j).to(tl.int64) * d + offs_d,
+        _cast(mark, R.dtype.element_ty, UPCAST),
+        mask=d_mask)
 
 
-@triton.jit(do_not_specialize=['n', 'slots_per_group', 'num_blocks'])
-def _route_and_sort(Q, R, GIVEN, EXPERT, SLOTS, BLOCK_EXPERT, n, m, d, heads,
-                    sqb, sqh, sqn, slots_per_group, num_blocks,
-                    ROUTE: tl.constexpr, BLOCK: tl.constexpr,
-                    CHUNK: tl.constexpr, M_PAD: tl.constexpr,
-                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    """Routing (``ROUTE``: argmax of ``q . R``; else the ids in ``GIVEN``)
-    and counting sort of the queries of one group into its blocks of
-    ``BLOCK`` slots, ``CHUNK`` queries (slots, blocks) at a time."""
+@triton.jit(do_not_specialize=['n', 'chunk'])
+def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
+          KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb, skh, skn,
+          svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
+          FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
+          LOG_L: tl.constexpr, LOG_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+          E_TILE: tl.constexpr, M_PAD: tl.constexpr, LOG_K: tl.constexpr,
+          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
+    (grid: G, S): per landmark, the partial softmax of ``s R K^T`` over its
+    keys (output and log-sum-exp) and their top ``K_PAD`` (``FUSED_TOPK``;
+    ``STORE_LOGITS``: ``R K^T`` stored instead); then the expert of each of
+    its queries (``ROUTE``; else the ids in ``GIVEN``) and their count per
+    expert."""
+    BLOCK_L: tl.constexpr = 2**LOG_L  # landmarks per tile
+    BLOCK_N: tl.constexpr = 2**LOG_N  # keys per tile
+    K_PAD: tl.constexpr = 2**LOG_K  # the length of a top-k list
     g = tl.program_id(0)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    start = split * chunk
+    end = tl.minimum(start + chunk, n)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
-    offs_e = tl.arange(0, M_PAD)
-    if ROUTE:
-        r_offs, r_mask, e_mask = _landmark_rows(g, offs_e, m, d, offs_d,
+    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
+    for l0 in range(0, m, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
                                                 d_mask)
         marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
-    q_base = Q + _group_base(g, heads, sqb, sqh)
-    group_slots = SLOTS + g.to(tl.int64) * slots_per_group
-    for s0 in range(0, slots_per_group, CHUNK):  # every slot empty first
-        offs_s = s0 + tl.arange(0, CHUNK)
+        m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
+        l_i = tl.zeros([BLOCK_L], tl.float32)
+        acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
+        best = tl.full([BLOCK_L, K_PAD], LOWEST, tl.int64)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < end
+            keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn,
+                              offs_d, d_mask)
+            values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn,
+                                offs_d, d_mask)
+            logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+            if FUSED_TOPK:
+                best = _fold_topk(
+                    best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
+                    LOG_L, LOG_N, LOG_K)
+            if STORE_LOGITS:
+                tl.store(
+                    KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
+                    offs_n[None, :],
+                    logits,
+                    mask=l_mask[:, None] & n_mask[None, :])
+            logits = tl.where(n_mask[None, :], logits * qk_scale,
+                              -float('inf'))
+            m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
+                                            PRECISION, UPCAST)
+        part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
         tl.store(
-            group_slots + offs_s,
-            tl.full([CHUNK], -1, tl.int32),
-            mask=offs_s < slots_per_group)
-    # Pass 1: the expert of every query, and the queries per expert.
+            PART_O + part[:, None] * d + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=r_mask)
+        tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
+        if FUSED_TOPK:
+            tl.store(
+                PART_TOP + part[:, None] * K_PAD +
+                tl.arange(0, K_PAD)[None, :],
+                best,
+                mask=l_mask[:, None])
+    q_base = Q + _group_base(g, heads, sqb, sqh)
     counts = tl.zeros([M_PAD], tl.int32)
-    for i0 in range(0, n, CHUNK):
-        offs_i = i0 + tl.arange(0, CHUNK)
-        i_mask = offs_i < n
+    for i0 in range(start, end, BLOCK_Q):
+        offs_i = i0 + tl.arange(0, BLOCK_Q)
+        i_mask = offs_i < end
         if ROUTE:
             q = _load_rows(q_base, offs_i.to(tl.int64), i_mask, sqn, offs_d,
                            d_mask)
-            scores = _dot(q, tl.trans(marks), PRECISION, UPCAST)
-            scores = tl.where(e_mask[None, :], scores, -float('inf'))
-            expert = tl.argmax(scores, 1)
+            expert = _route(q, R, g, m, d, offs_d, d_mask, E_TILE, PRECISION,
+                            UPCAST)
         else:
             expert = tl.load(GIVEN + g * n + offs_i, mask=i_mask, other=0)
-        tl.store(EXPERT + g * n + offs_i, expert.to(tl.int32), mask=i_mask)
-        one_hot = (expert[:, None] == offs_e[None, :]) & i_mask[:, None]
-        counts += tl.sum(one_hot.to(tl.int32), 0)
-    blocks = (counts + BLOCK - 1) // BLOCK
-    blocks_end = tl.cumsum(blocks, 0)
-    first_slot = (blocks_end - blocks) * BLOCK
-    for b0 in range(0, num_blocks, CHUNK):
-        offs_b = b0 + tl.arange(0, CHUNK)
-        owner = tl.sum((blocks_end[None, :] <= offs_b[:, None]).to(tl.int32),
-                       1)
-        tl.store(
-            BLOCK_EXPERT + g * num_blocks + offs_b,
-            tl.where(owner < m, owner, -1),
-            mask=offs_b < num_blocks)
-    tl.debug_barrier()  # pass 2 reads EXPERT and overwrites the -1 slots
-    # Pass 2: stable rank of each query among its expert's.
-    taken = tl.zeros([M_PAD], tl.int32)
-    for i0 in range(0, n, CHUNK):
-        offs_i = i0 + tl.arange(0, CHUNK)
-        i_mask = offs_i < n
-        expert = tl.load(EXPERT + g * n + offs_i, mask=i_mask, other=0)
-        one_hot = ((expert[:, None] == offs_e[None, :])
-                   & i_mask[:, None]).to(tl.int32)
-        rank = tl.cumsum(one_hot, 0) - one_hot  # earlier queries
-        slot = tl.sum(one_hot * (rank + (first_slot + taken)[None, :]), 1)
-        tl.store(group_slots + slot, offs_i, mask=i_mask)
-        taken += tl.sum(one_hot, 0)
+        # An index outside [0, m) (what a compiled argmax may give a row it
+        # cannot order) goes to expert 0: every query gets an output row.
+        expert = tl.where((expert >= 0) & (expert < m), expert, 0)
+        expert = expert.to(tl.int32)
+        tl.store(EXPERT + g * n + offs_i, expert, mask=i_mask)
+        counts += tl.histogram(expert, M_PAD, mask=i_mask)
+    tl.store(COUNTS + (g * splits + split) * M_PAD + tl.arange(0, M_PAD),
+             counts)
+
+
+@triton.jit
+def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
+                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """Shared values and log-sum-exp of landmark ``row`` (of [G, m]) from
+    the partial softmaxes of the splits (rows ``part ..`` of [G, m, S]),
+    each weighted by its share of the total sum."""
+    offs_d, d_mask = _head_dim(d, BLOCK_D)
+    offs_s = tl.arange(0, BLOCK_S)
+    top = tl.full([BLOCK_S], -float('inf'), tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        top = tl.maximum(
+            top,
+            tl.load(PART_LSE + part + s0 + offs_s,
+                    mask=s0 + offs_s < splits, other=-float('inf')))
+    top = tl.max(top, 0)
+    total = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        s_mask = s0 + offs_s < splits
+        weight = tl.exp2(
+            tl.load(PART_LSE + part + s0 + offs_s, mask=s_mask, other=0.0) -
+            top)
+        weight = tl.where(s_mask, weight, 0.0)
+        total += weight
+        acc += weight[:, None] * tl.load(
+            PART_O + (part + s0 + offs_s)[:, None] * d + offs_d[None, :],
+            mask=s_mask[:, None] & d_mask[None, :],
+            other=0.0)
+    total = tl.sum(total, 0)
+    tl.store(
+        VT + row.to(tl.int64) * d + offs_d,
+        _cast(tl.sum(acc, 0) / total, VT.dtype.element_ty, UPCAST),
+        mask=d_mask)
+    tl.store(LSE_R + row, top + tl.log2(total))
+
+
+@triton.jit
+def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
+                 LOG_K: tl.constexpr):
+    """The ``k`` largest keys of landmark ``row`` (token indices) from the
+    splits' lists (rows ``part ..`` of [G, m, S]), ``BLOCK_S`` lists at a
+    time."""
+    BLOCK_S: tl.constexpr = 2**LOG_S
+    K_PAD: tl.constexpr = 2**LOG_K
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_k = tl.arange(0, K_PAD)
+    best = tl.full([K_PAD], LOWEST, tl.int64)
+    for s0 in range(0, splits, BLOCK_S):
+        lists = tl.load(
+            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_k[None, :],
+            mask=(s0 + offs_s < splits)[:, None],
+            other=LOWEST)
+        best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
+                          LOG_S + LOG_K, LOG_K)
+    # The k largest are the last k (ascending).
+    tl.store(
+        TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
+        _token_of(best),
+        mask=offs_k >= K_PAD - k)
+
+
+@triton.jit
+def _fill(ptr, start, end, value, BLOCK_I: tl.constexpr):
+    """``ptr[start:end] = value`` (int32)."""
+    for i0 in range(start, end, BLOCK_I):
+        offs = i0 + tl.arange(0, BLOCK_I)
+        tl.store(ptr + offs, tl.full([BLOCK_I], value, tl.int32),
+                 mask=offs < end)
+
+
+@triton.jit
+def _split_counts(COUNTS, g, splits, split, offs_e, e_mask,
+                  BLOCK_S: tl.constexpr, M_PAD: tl.constexpr):
+    """Queries of experts ``offs_e`` of group ``g``: in all splits, and in
+    the splits before ``split`` (``BLOCK_S`` splits at a time)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    totals = tl.zeros(offs_e.shape, tl.int32)
+    earlier = tl.zeros(offs_e.shape, tl.int32)
+    for s0 in range(0, splits, BLOCK_S):
+        rows = s0 + offs_s
+        counts = tl.load(
+            COUNTS + (g * splits + rows)[:, None] * M_PAD + offs_e[None, :],
+            mask=(rows < splits)[:, None] & e_mask[None, :],
+            other=0)
+        totals += tl.sum(counts, 0)
+        earlier += tl.sum(tl.where((rows < split)[:, None], counts, 0), 0)
+    return totals, earlier
+
+
+@triton.jit
+def _blocks_of(counts, BLOCK: tl.constexpr):
+    """Blocks of ``BLOCK`` slots that experts of ``counts`` queries take."""
+    return (counts + BLOCK - 1) // BLOCK
+
+
+@triton.jit
+def _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, e, m, splits,
+                   slots_per_group, num_blocks, BLOCK: tl.constexpr,
+                   BLOCK_S: tl.constexpr, BLOCK_I: tl.constexpr,
+                   M_PAD: tl.constexpr):
+    """Expert ``e``'s blocks (after those of the experts before it) marked
+    ``e``, its slots past its queries -1; the last expert also marks the
+    blocks no expert uses."""
+    offs_e = tl.arange(0, M_PAD)
+    totals, _ = _split_counts(COUNTS, g, splits, 0, offs_e, offs_e < M_PAD,
+                              BLOCK_S, M_PAD)
+    blocks = _blocks_of(totals, BLOCK)
+    first_block = tl.sum(tl.where(offs_e < e, blocks, 0), 0)
+    end_block = first_block + tl.sum(tl.where(offs_e == e, blocks, 0), 0)
+    group_blocks = BLOCK_EXPERT + g.to(tl.int64) * num_blocks
+    for b0 in range(first_block, end_block, BLOCK_I):
+        offs_b = b0 + tl.arange(0, BLOCK_I)
+        tl.store(group_blocks + offs_b,
+                 tl.zeros([BLOCK_I], tl.int32) + e,
+                 mask=offs_b < end_block)
+    group_slots = SLOTS + g.to(tl.int64) * slots_per_group
+    count = tl.sum(tl.where(offs_e == e, totals, 0), 0)
+    _fill(group_slots, first_block * BLOCK + count, end_block * BLOCK, -1,
+          BLOCK_I)
+    if e == m - 1:
+        used = tl.sum(blocks, 0)
+        _fill(group_blocks, used, num_blocks, -1, BLOCK_I)
+        _fill(group_slots, used * BLOCK, slots_per_group, -1, BLOCK_I)
+
+
+@triton.jit
+def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
+                 slots_per_group, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+                 M_PAD: tl.constexpr):
+    """The queries of split ``split`` written to their slots: an expert's
+    queries fill its blocks in token order, so a query's slot is its
+    expert's first slot, plus its expert's queries in earlier splits, plus
+    its rank among them in this split (experts ``E_TILE`` at a time)."""
+    start = split * chunk
+    end = tl.minimum(start + chunk, n)
+    group_slots = SLOTS + g.to(tl.int64) * slots_per_group
+    ids = EXPERT + g.to(tl.int64) * n
+    first_block = 0  # of the expert tile
+    for e0 in range(0, m, E_TILE):
+        offs_e = e0 + tl.arange(0, E_TILE)
+        totals, earlier = _split_counts(COUNTS, g, splits, split, offs_e,
+                                        offs_e < m, BLOCK_S, M_PAD)
+        blocks = _blocks_of(totals, BLOCK)
+        slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier
+        first_block += tl.sum(blocks, 0)
+        for i0 in range(start, end, BLOCK_I):
+            offs_i = i0 + tl.arange(0, BLOCK_I)
+            expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1)
+            hit = (expert[:, None] == offs_e[None, :]).to(tl.int32)
+            rank = tl.cumsum(hit, 0) - hit  # earlier queries of the expert
+            tl.store(group_slots + tl.sum(hit * (rank + slot[None, :]), 1),
+                     offs_i, mask=tl.sum(hit, 1) > 0)
+            slot += tl.sum(hit, 0)
+
+
+@triton.jit(do_not_specialize=[
+    'n', 'k', 'chunk', 'splits', 'slots_per_group', 'num_blocks'
+])
+def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
+           BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
+           num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
+           LOG_S: tl.constexpr, BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+           M_PAD: tl.constexpr, LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+           UPCAST: tl.constexpr):
+    """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
+    ``p < m``, its shared values and log-sum-exp, its top-k keys
+    (``FUSED_TOPK``) and its blocks; for split ``p < S``, the slots of its
+    queries."""
+    g = tl.program_id(0)
+    p = tl.program_id(1)
+    if p < m:
+        row = g * m + p
+        part = row.to(tl.int64) * splits
+        _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
+                       2**LOG_S, BLOCK_D, UPCAST)
+        if FUSED_TOPK:
+            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S, LOG_K)
+        _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
+                       slots_per_group, num_blocks, BLOCK, 2**LOG_S, BLOCK_I,
+                       M_PAD)
+    if p < splits:
+        _split_slots(EXPERT, COUNTS, SLOTS, g, p, n, m, chunk, splits,
+                     slots_per_group, BLOCK, 2**LOG_S, BLOCK_I, E_TILE,
+                     M_PAD)
 
 
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
 def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                  slots_per_group, num_blocks, qk_scale, rl_scale,
-                 BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """Output and log-sum-exp (base 2) of the queries of one block."""
+                 BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Output and log-sum-exp (base 2) of the queries of ``BLOCK_M``
+    slots."""
     g, expert, rows, row_mask, offs_d, d_mask, q = _block(
         Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-        num_blocks, BLOCK, BLOCK_D)
+        num_blocks, BLOCK, BLOCK_M, BLOCK_D)
     if expert < 0:
         return
-    m_i = tl.full([BLOCK], -float('inf'), tl.float32)
-    l_i = tl.zeros([BLOCK], tl.float32)
-    acc = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_M], -float('inf'), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # Compressed keys: logits s^2 q . R, values Vt.
     for n0 in range(0, m, BLOCK_N):
         marks, values, n_mask, _, _ = _compressed_keys(
@@ -465,15 +777,15 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                  slots_per_group, num_blocks, qk_scale, rl_scale, DO, DQ_ACC,
                  DK_ACC, DV_ACC, DR, DVT, sob, soh, son, scale,
-                 BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """Gradients through the expert attention of one block of queries:
+                 BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Gradients through the expert attention of ``BLOCK_M`` slots:
     ``dq`` (float32, stored), and ``dR``, ``dVt`` and the routed keys'
     ``dk``, ``dv`` (float32, added atomically)."""
     g, expert, rows, row_mask, offs_d, d_mask, q = _block(
         Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-        num_blocks, BLOCK, BLOCK_D)
+        num_blocks, BLOCK, BLOCK_M, BLOCK_D)
     if expert < 0:
         return
     do = _load_rows(DO + _group_base(g, heads, sob, soh), rows, row_mask, son,
@@ -483,7 +795,7 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     out = tl.load(OUT + o_offs, mask=o_mask, other=0.0)
     delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
     lse = tl.load(LSE + out_rows, mask=row_mask, other=0.0)
-    dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(0, m, BLOCK_N):
         marks, values, n_mask, r_offs, r_mask = _compressed_keys(
             R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
@@ -513,10 +825,12 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
 @triton.jit(do_not_specialize=['n'])
 def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
                 heads, skb, skh, skn, svb, svh, svn, qk_scale, scale,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """The shared expert's backward for ``BLOCK_N`` keys: ``dR`` (added
-    atomically), and the final ``dk``, ``dv`` of these keys."""
+                BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+                BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """The shared expert's backward for ``BLOCK_N`` keys (landmarks
+    ``BLOCK_L`` at a time): ``dR`` (added atomically), and the final
+    ``dk``, ``dv`` of these keys."""
     g = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < n
@@ -529,8 +843,8 @@ def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
         g.to(tl.int64) * n + offs_n, n_mask, d, offs_d, d_mask)
     dk = tl.load(DK_ACC + kv_offs, mask=kv_mask, other=0.0)
     dv = tl.load(DV_ACC + kv_offs, mask=kv_mask, other=0.0)
-    for l0 in range(0, m, BLOCK_N):
-        offs_l = l0 + tl.arange(0, BLOCK_N)
+    for l0 in range(0, m, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
         r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
                                                 d_mask)
         marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
@@ -543,10 +857,9 @@ def _shared_bwd(K, V, R, VT, LSE_R, DR, DVT, DK_ACC, DV_ACC, DK, DV, n, m, d,
             1)
         dvt = _cast(dvt, values.dtype, UPCAST)
         ds = _score_grad(p, dvt, values, delta, PRECISION, UPCAST) * scale
-        tl.atomic_add(
-            DR + r_offs,
-            _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST),
-            mask=r_mask)
+        _add(DR + r_offs,
+             _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST),
+             r_mask)
         dk += _dot(
             _cast(tl.trans(ds), marks.dtype, UPCAST), marks, PRECISION, UPCAST)
         dv += _dot(
@@ -562,7 +875,8 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               UPCAST: tl.constexpr):
     """``dq`` of ``BLOCK_N`` tokens: the attention's part plus, for a patch,
-    ``dR / bin size`` of every bin holding it; written in its dtype."""
+    ``dR / bin size`` of each of the (at most 2 x 2) bins holding it;
+    written in its dtype."""
     g = tl.program_id(0)
     offs_t = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
@@ -570,17 +884,22 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
         g.to(tl.int64) * n + offs_t, offs_t < n, d, offs_d, d_mask)
     dq = tl.load(DQ_ACC + offs, mask=mask, other=0.0)
     patch = offs_t - first
-    is_patch = (patch >= 0) & (patch < hgt * wid)
-    for l0 in range(0, m, BLOCK_N):
-        offs_l = l0 + tl.arange(0, BLOCK_N)
-        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
-                                                d_mask)
-        member = _bins(offs_l, tl.where(is_patch, patch, 0), hgt, wid, ph, pw)
-        member = member & l_mask[:, None] & is_patch[None, :]
-        size = _bin_size(offs_l, hgt, wid, ph, pw).to(tl.float32)
-        weight = tl.where(member, 1.0 / size[:, None], 0.0)
-        grad_marks = tl.load(DR + r_offs, mask=r_mask, other=0.0)
-        dq += _dot(tl.trans(weight), grad_marks, 'ieee', False)
+    is_patch = (patch >= 0) & (patch < hgt * wid) & (offs_t < n)
+    patch = tl.where(is_patch, patch, 0)
+    bi, two_rows = _first_bin(patch // wid, hgt, ph)
+    bj, two_cols = _first_bin(patch % wid, wid, pw)
+    for di in tl.static_range(2):
+        for dj in tl.static_range(2):
+            held = is_patch
+            if di == 1:
+                held = held & two_rows
+            if dj == 1:
+                held = held & two_cols
+            j = (bi + di) * pw + bj + dj
+            size = tl.where(held, _bin_size(j, hgt, wid, ph, pw), 1)
+            r_offs, r_mask = _row_offsets(
+                (g * m + j).to(tl.int64), held, d, offs_d, d_mask)
+            dq += tl.load(DR + r_offs, mask=r_mask, other=0.0) / size[:, None]
     tl.store(DQ + offs, _cast(dq, DQ.dtype.element_ty, UPCAST), mask=mask)
 
 
@@ -588,39 +907,129 @@ def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-class _Config:
-    """Block sizes and launch settings for one call (from shapes only)."""
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
-    def __init__(self, n: int, m: int, d: int, dtype: torch.dtype,
-                 interpreted: bool):
+
+def _log2(x: int) -> int:
+    """log2 of a power of two."""
+    return x.bit_length() - 1
+
+
+# A fused top-k keeps a sorted list per landmark: a bitonic sort of every
+# tile of R K^T, (log2 K)(log2 K + 1) / 2 compare-exchange steps per logit.
+# Up to K = 64 that costs less than writing R K^T (float32) for
+# torch.topk's passes; larger k: R K^T is stored and torch.topk selects.
+TOPK_FUSED_MAX = 64
+# Streaming multiprocessors of the GPUs the settings are tuned on (sm_80:
+# A100, sm_89: RTX 4090, sm_90: H100 / H200): the keys pass aims at two
+# waves of programs.
+_SMS = {80: 108, 89: 128, 90: 132}
+
+
+# Pipeline stages of _keys, _experts_fwd, _experts_bwd and _shared_bwd in
+# bf16 / fp16 per target: the most that fit its shared memory per block
+# (sm_89: 99 KiB) and compile without register spills; an unknown target
+# gets sm_89's.
+_STAGES = {80: (3, 3, 3, 3), 89: (2, 2, 2, 2), 90: (3, 3, 2, 2)}
+# The launches of a forward and a backward, in order.
+KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
+           'pool_bwd')
+
+
+class _Config:
+    """Tiles and launch settings of one call: a function of the shapes
+    (tokens ``n``, landmarks ``m``, head_dim ``d``, routed keys ``k``,
+    ``groups``), the dtype and the target ``arch`` (the compute capability
+    the kernels are compiled for, e.g. 90; None: the interpreter's small
+    tiles)."""
+
+    def __init__(self, n: int, m: int, d: int, k: int, groups: int,
+                 dtype: torch.dtype, arch: Optional[int]):
+        self.n, self.m, self.k, self.groups = n, m, k, groups
         self.block_d = max(16, _next_pow2(d))
         self.m_pad = max(16, _next_pow2(m))
-        self.block_l = 16  # landmarks per program of _landmarks_fwd
-        if interpreted:  # small blocks: the interpreter runs them in numpy
-            self.block, self.block_n, self.sort_chunk = 16, 16, 32
-        else:
-            # Blocks no larger than the mean expert (N / m queries). float32
-            # (exact IEEE products, no tensor cores: the accurate path, not
-            # the fast one) uses 32: 64-wide IEEE dots take 3x the compile
-            # time.
-            largest = 32 if dtype == torch.float32 else 64
-            self.block = min(largest, max(16, _next_pow2(-(-n // m))))
-            self.block_n = min(64 if self.block_d <= 64 else 32, largest)
-            # _route_and_sort is one program per group: large chunks.
-            self.sort_chunk = 256
-        self.num_warps = 4 if self.block_d <= 64 else 8
+        self.k_pad = max(16, _next_pow2(k))
+        self.fused_topk = self.k_pad <= TOPK_FUSED_MAX
         # float32: exact products (tf32 would lose 3 decimal digits).
         self.precision = 'ieee' if dtype == torch.float32 else 'tf32'
-        self.upcast = interpreted and dtype == torch.bfloat16
+        self.upcast = interpreted() and dtype == torch.bfloat16
+        self.options = {}
+        if arch is None:  # small blocks: the interpreter runs them in numpy
+            self.block = self.block_m = self.block_m_bwd = 16
+            self.block_n = self.block_n_bwd = self.keys_n = 16
+            self.e_tile = self.block_p = 16
+            self.shared_n = self.pool_n = 16
+            # Queries per routing / sorting tile: more than a split holds.
+            self.block_q = self.block_i = 64
+        else:
+            self._gpu_tiles(n, m, dtype, arch)
+        self.block_l = 16  # landmarks per tile of the keys pass
+        if self.fused_topk:  # a top-k fold needs at least K_PAD keys
+            self.keys_n = max(self.keys_n, self.k_pad)
+        # Splits of the keys pass: two waves of programs over the groups (a
+        # few programs in the interpreter, which runs them one by one), at
+        # least two key tiles each.
+        programs = 8 if arch is None else 2 * _SMS.get(arch, 132)
+        self.chunk = max(
+            2 * self.keys_n,
+            _cdiv(_cdiv(n, _cdiv(programs, groups)), self.keys_n) *
+            self.keys_n)
+        self.splits = _cdiv(n, self.chunk)
+        self.block_s = min(16, _next_pow2(self.splits))  # splits per tile
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
-    def kwargs(self) -> dict:
-        kwargs = dict(
-            BLOCK_D=self.block_d, PRECISION=self.precision, UPCAST=self.upcast)
-        if not interpreted():
-            kwargs['num_warps'] = self.num_warps
-        return kwargs
+    def _gpu_tiles(self, n: int, m: int, dtype: torch.dtype, arch: int):
+        # Blocks no larger than the mean expert (N / m queries). float32
+        # (exact IEEE products, no tensor cores: the accurate path, not
+        # the fast one) uses 32: 64-wide IEEE dots take 3x the compile time.
+        largest = 32 if dtype == torch.float32 else 64
+        self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
+        self.block_m = self.block
+        self.block_m_bwd = min(self.block, 32)
+        self.block_n = min(64 if self.block_d <= 64 else 32, largest)
+        self.block_n_bwd = 32
+        self.keys_n = self.block_n
+        self.shared_n = self.pool_n = 32
+        self.e_tile = min(self.m_pad, 64)
+        self.block_q = self.block_p = 64
+        self.block_i = 32
+        warps = 4 if self.block_d <= 64 else 8
+        if dtype == torch.float32:
+            # IEEE float32 dots run on CUDA cores, from registers: smaller
+            # query tiles, the widest tiles on 8 warps, 2 stages.
+            self.block_q, self.block_m_bwd = 32, 16
+            warps = (8, warps, warps, 8)
+            stages = (2, 2, 2, 2)
+        else:
+            warps = (warps, ) * 4
+            stages = _STAGES.get(arch, _STAGES[89])
+        self.options = dict(
+            pool=dict(num_warps=4, num_stages=1),
+            merge=dict(num_warps=4, num_stages=1),
+            pool_bwd=dict(num_warps=4, num_stages=1),
+            **{
+                name: dict(num_warps=w, num_stages=s)
+                for name, w, s in zip(('keys', 'experts_fwd', 'experts_bwd',
+                                       'shared_bwd'), warps, stages)
+            })
+
+    def grid(self, kernel: str) -> Tuple[int, int]:
+        """The grid of ``kernel`` (one of :data:`KERNELS`)."""
+        per_group = dict(
+            pool=self.m,
+            keys=self.splits,
+            merge=max(self.m, self.splits),
+            experts_fwd=self.slots // self.block_m,
+            experts_bwd=self.slots // self.block_m_bwd,
+            shared_bwd=_cdiv(self.n, self.shared_n),
+            pool_bwd=_cdiv(self.n, self.pool_n))
+        return self.groups, per_group[kernel]
+
+    def launch(self, kernel: str) -> dict:
+        """Launch options of ``kernel`` (none in the interpreter)."""
+        return {} if interpreted() else self.options[kernel]
 
 
 def interpreted() -> bool:
@@ -631,31 +1040,25 @@ def interpreted() -> bool:
         isinstance(fn, InterpretedFunction) for fn in (_experts_fwd, tl.zeros))
 
 
+def _target_arch() -> Optional[int]:
+    """The compute capability the kernels compile for, from triton's active
+    driver (what a real launch compiles for, and what an ahead-of-time
+    check stubs); 0 for a non-CUDA target; None in the interpreter."""
+    if interpreted():
+        return None
+    arch = triton.runtime.driver.active.get_current_target().arch
+    return arch if isinstance(arch, int) else 0
+
+
+def _config(q: Tensor, m: int, k: int) -> _Config:
+    """The :class:`_Config` of a call on ``q`` [B, heads, N, d]."""
+    b, heads, n, d = q.shape
+    return _Config(n, m, d, min(k, n), b * heads, q.dtype, _target_arch())
+
+
 def _strides(t: Tensor) -> Tuple[int, int, int]:
     """Batch, head and token strides of a [B, heads, N, d] tensor."""
     return t.stride(0), t.stride(1), t.stride(2)
-
-
-def route_and_sort(q: Tensor,
-                   landmarks: Tensor,
-                   cfg: _Config,
-                   expert: Optional[Tensor] = None):
-    """Launch ``_route_and_sort``: the expert of every query [G, N] (int32;
-    routed by ``q . R``, or ``expert`` [G, N] when given), ``slots``
-    [G, cfg.slots] (query of each slot, -1 empty) and ``block_expert``
-    [G, cfg.num_blocks] (expert of each block, -1 unused), int32."""
-    b, heads, n, d = q.shape
-    g, m = b * heads, landmarks.shape[1]
-    ids = torch.empty(g, n, device=q.device, dtype=torch.int32)
-    slots = torch.empty(g, cfg.slots, device=q.device, dtype=torch.int32)
-    block_expert = torch.empty(
-        g, cfg.num_blocks, device=q.device, dtype=torch.int32)
-    _route_and_sort[(g, )](
-        q, landmarks, ids if expert is None else expert, ids, slots,
-        block_expert, n, m, d, heads, *_strides(q), cfg.slots,
-        cfg.num_blocks, ROUTE=expert is None, BLOCK=cfg.block,
-        CHUNK=cfg.sort_chunk, M_PAD=cfg.m_pad, **cfg.kwargs())
-    return ids, slots, block_expert
 
 
 def _block_args(q, k, v, marks, shared_values, topk_index, slots, block_expert,
@@ -677,29 +1080,59 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     hgt, wid, first, ph, pw, topk = sizes
     b, heads, n, d = q.shape
     g, m = b * heads, ph * pw
-    cfg = _Config(n, m, d, q.dtype, interpreted())
-    scale = d**-0.5
+    cfg = _config(q, m, topk)
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    qk_scale = d**-0.5 * LOG2E.value
     marks = q.new_empty(g, m, d)
-    shared_values = torch.empty_like(marks)
-    lse_shared = q.new_empty(g, m, dtype=torch.float32)
-    key_logits = q.new_empty(g, m, n, dtype=torch.float32)
-    strides = (*_strides(q), *_strides(k), *_strides(v))
-    _landmarks_fwd[(g, triton.cdiv(m, cfg.block_l))](
-        q, k, v, marks, shared_values, lse_shared, key_logits, n, m, d, heads,
-        first, hgt, wid, ph, pw, *strides, scale * LOG2E.value,
-        BLOCK_L=cfg.block_l, BLOCK_N=cfg.block_n, **cfg.kwargs())
-    if topk_index is None:
-        topk_index = key_logits.topk(
-            min(topk, n), dim=-1, sorted=False).indices
-    else:  # given routing: an output must not alias an input
+    _pool[cfg.grid('pool')](
+        q, marks, m, d, heads, first, hgt, wid, ph, pw, *_strides(q),
+        BLOCK_P=cfg.block_p, BLOCK_D=cfg.block_d, UPCAST=cfg.upcast,
+        **cfg.launch('pool'))
+    fused = cfg.fused_topk and topk_index is None
+    store_logits = not cfg.fused_topk and topk_index is None
+    ids = q.new_empty(g, n, dtype=i32)
+    counts = q.new_empty(g, cfg.splits, cfg.m_pad, dtype=i32)
+    part_o = q.new_empty(g, m, cfg.splits, d, dtype=f32)
+    part_lse = q.new_empty(g, m, cfg.splits, dtype=f32)
+    part_top = q.new_empty((g, m, cfg.splits, cfg.k_pad) if fused else (0, ),
+                           dtype=i64)
+    key_logits = q.new_empty((g, m, n) if store_logits else (0, ), dtype=f32)
+    _keys[cfg.grid('keys')](
+        q, k, v, marks, ids if expert is None else expert, ids, counts,
+        part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
+        *_strides(q), *_strides(k), *_strides(v), qk_scale,
+        ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
+        LOG_L=_log2(cfg.block_l), LOG_N=_log2(cfg.keys_n),
+        BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile, M_PAD=cfg.m_pad,
+        LOG_K=_log2(cfg.k_pad),
+        BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
+        **cfg.launch('keys'))
+    if topk_index is not None:  # given: an output must not alias an input
         topk_index = topk_index.clone(memory_format=torch.contiguous_format)
-    ids, slots, block_expert = route_and_sort(q, marks, cfg, expert)
+    elif store_logits:
+        topk_index = key_logits.topk(cfg.k, dim=-1, sorted=False).indices
+    else:
+        topk_index = q.new_empty(g, m, cfg.k, dtype=i64)
+    shared_values = torch.empty_like(marks)
+    lse_shared = q.new_empty(g, m, dtype=f32)
+    slots = q.new_empty(g, cfg.slots, dtype=i32)
+    block_expert = q.new_empty(g, cfg.num_blocks, dtype=i32)
+    _merge[cfg.grid('merge')](
+        part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
+        topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
+        cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
+        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s), BLOCK_I=cfg.block_i,
+        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad),
+        BLOCK_D=cfg.block_d,
+        UPCAST=cfg.upcast, **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)
-    lse = q.new_empty(g, n, dtype=torch.float32)
-    _experts_fwd[(g, cfg.num_blocks)](
+    lse = q.new_empty(g, n, dtype=f32)
+    _experts_fwd[cfg.grid('experts_fwd')](
         *_block_args(q, k, v, marks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
-        BLOCK=cfg.block, BLOCK_N=cfg.block_n, **cfg.kwargs())
+        BLOCK=cfg.block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
+        **cfg.launch('experts_fwd'))
     return (out, lse, marks, shared_values, lse_shared, topk_index, ids, slots,
             block_expert)
 
@@ -708,15 +1141,14 @@ def _forward_fake(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes):
     hgt, wid, first, ph, pw, topk = sizes
     b, heads, n, d = q.shape
     g, m = b * heads, ph * pw
-    cfg = _Config(n, m, d, q.dtype, interpreted())
+    cfg = _config(q, m, topk)
     f32, i32 = torch.float32, torch.int32
     return (q.new_empty(b, heads, n, d), q.new_empty(g, n, dtype=f32),
-            q.new_empty(g, m, d), q.new_empty(g, m,
-                                              d), q.new_empty(g, m, dtype=f32),
-            q.new_empty(g, m, min(topk, n),
-                        dtype=torch.int64), q.new_empty(g, n, dtype=i32),
-            q.new_empty(g, cfg.slots,
-                        dtype=i32), q.new_empty(g, cfg.num_blocks, dtype=i32))
+            q.new_empty(g, m, d), q.new_empty(g, m, d),
+            q.new_empty(g, m, dtype=f32),
+            q.new_empty(g, m, cfg.k, dtype=torch.int64),
+            q.new_empty(g, n, dtype=i32), q.new_empty(g, cfg.slots, dtype=i32),
+            q.new_empty(g, cfg.num_blocks, dtype=i32))
 
 
 Outputs = Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
@@ -760,7 +1192,7 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     g, m = landmarks.shape[:2]
     if grad_out.stride(-1) != 1:  # e.g. expanded by the backward of a sum
         grad_out = grad_out.contiguous()
-    cfg = _Config(n, m, d, q.dtype, interpreted())
+    cfg = _config(q, m, topk_index.shape[-1])
     scale = d**-0.5
     # Every float32 sum added into with atomics: one zero-filled buffer.
     sums = q.new_zeros(2 * g * (n + m) * d, dtype=torch.float32)
@@ -770,22 +1202,23 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
     dq, dk, dv = (
         torch.empty_like(t, memory_format=torch.contiguous_format)
         for t in (q, k, v))
-    kv_strides = (*_strides(k), *_strides(v))
-    _experts_bwd[(g, cfg.num_blocks)](
+    _experts_bwd[cfg.grid('experts_bwd')](
         *_block_args(q, k, v, landmarks, shared_values, topk_index, slots,
                      block_expert, out, lse, cfg),
         grad_out, dq_sum, dk_sum, dv_sum, d_marks, d_shared,
-        *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_N=cfg.block_n,
-        **cfg.kwargs())
-    _shared_bwd[(g, triton.cdiv(n, cfg.block_n))](
+        *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_M=cfg.block_m_bwd,
+        BLOCK_N=cfg.block_n_bwd, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        UPCAST=cfg.upcast, **cfg.launch('experts_bwd'))
+    _shared_bwd[cfg.grid('shared_bwd')](
         k, v, landmarks, shared_values, lse_shared, d_marks, d_shared, dk_sum,
-        dv_sum, dk, dv, n, m, d, heads, *kv_strides, scale * LOG2E.value,
-        scale, BLOCK_N=cfg.block_n, **cfg.kwargs())
-    kwargs = cfg.kwargs()
-    del kwargs['PRECISION']
-    _pool_bwd[(g, triton.cdiv(n, cfg.block_n))](
+        dv_sum, dk, dv, n, m, d, heads, *_strides(k), *_strides(v),
+        scale * LOG2E.value, scale, BLOCK_N=cfg.shared_n,
+        BLOCK_L=cfg.block_l, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        UPCAST=cfg.upcast, **cfg.launch('shared_bwd'))
+    _pool_bwd[cfg.grid('pool_bwd')](
         dq_sum, d_marks, dq, n, m, d, first, hgt, wid, m // pw, pw,
-        BLOCK_N=cfg.block_n, **kwargs)
+        BLOCK_N=cfg.pool_n, BLOCK_D=cfg.block_d, UPCAST=cfg.upcast,
+        **cfg.launch('pool_bwd'))
     return dq, dk, dv
 
 

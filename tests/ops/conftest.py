@@ -1,25 +1,15 @@
-"""Without a GPU, the Triton kernels run in Triton's CPU interpreter.
-
-``TRITON_INTERPRET=1`` only takes effect if it is set before triton is first
-imported (triton's own ``tl.zeros``, ``tl.sum``... are compiled-mode
-functions otherwise), so it is set here, before any test module of this
-directory is collected. With CUDA the kernels are compiled and the CUDA
-tests run them (``test_cuda_backends.py``).
-"""
+"""Fixtures of the operator tests. Without a GPU the Triton kernels run
+in Triton's CPU interpreter: ``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` before any test module is collected."""
 import dataclasses
-import os
 import sys
 import types
 
 import pytest
-import torch
 from mita_testing import plain_varlen_attention
 
 from mmseg_mita.ops import REGISTRY
 from mmseg_mita.ops.declaration import ALL_DTYPES
-
-if not torch.cuda.is_available():
-    os.environ.setdefault('TRITON_INTERPRET', '1')
 
 
 @pytest.fixture

@@ -1,17 +1,20 @@
 """The fused Triton pipeline on CPU through Triton's interpreter, against the
 dense float64 per-query reference (forward and gradients of q, k and v).
 
-``TRITON_INTERPRET=1`` is set by ``conftest.py`` of this directory when
+``TRITON_INTERPRET=1`` is set by ``tests/conftest.py`` when
 there is no GPU (before triton is first imported); with a GPU these tests
 skip and ``test_cuda_backends.py`` runs the compiled kernels. The
 interpreter has no float64 ``tl.dot``: float32 inputs are checked against the
-float64 reference on the same values at a tight tolerance. Blocks are 16
-queries / keys / landmarks in the interpreter, so the cases below span
-several key tiles (m, k > 16), several blocks per expert, a padded head_dim
-and, at N = 82, one expert holding every query.
+float64 reference on the same values at a tight tolerance. The
+interpreter's own tiles are 16 queries / keys / landmarks, so the small
+cases below span several tiles (m, k > 16), several blocks per expert, a
+padded head_dim and, at N = 82, one expert holding every query; the
+``gpu_tiles`` cases run the tiles a GPU uses (blocks of 32 and 64 queries,
+64 keys, the keys pass split over N with an uneven last split).
 """
 import pytest
 import torch
+import torch.nn.functional as F
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
 from mita_testing import aligned_qkv, experts_of, plan_of, random_qkv
@@ -26,15 +29,41 @@ from mmseg_mita.ops import triton_backend  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(
-        not triton_backend.interpreted(),
-        reason='the kernels are compiled (a GPU is present, or triton was '
-        'imported before TRITON_INTERPRET=1 was set): CUDA runs are in '
-        'tests/ops/test_cuda_backends.py'),
+        torch.cuda.is_available(),
+        reason='a GPU is present: the kernels are compiled, and '
+        'tests/ops/test_cuda_backends.py runs them'),
     # The interpreter's own loop bounds (triton 3.6, numpy 1.25 to 2.3).
     pytest.mark.filterwarnings(
         'ignore:Conversion of an array with ndim > 0:DeprecationWarning'),
 ]
 BLOCK = 16  # queries per block in the interpreter (_Config)
+
+
+def test_kernels_run_in_the_interpreter_without_a_gpu():
+    # Were triton imported before TRITON_INTERPRET=1 is set (by any module
+    # a test imports), every test below would fail on CPU tensors.
+    assert triton_backend.interpreted(), (
+        'triton was imported before tests/conftest.py set TRITON_INTERPRET=1')
+
+
+@pytest.fixture
+def gpu_tiles(monkeypatch):
+    """``use(arch, dtype)``: the kernels then run (interpreted, on float32
+    data, IEEE products) with the tiles that a GPU of compute capability
+    ``arch`` picks for ``dtype`` inputs."""
+
+    def use(arch, dtype):
+
+        def config(q, m, k):
+            b, heads, n, d = q.shape
+            cfg = triton_backend._Config(n, m, d, min(k, n), b * heads, dtype,
+                                         arch)
+            cfg.precision, cfg.upcast = 'ieee', False
+            return cfg
+
+        monkeypatch.setattr(triton_backend, '_config', config)
+
+    return use
 
 
 def _leaves(inputs, dtype=torch.float32):
@@ -58,20 +87,10 @@ def _assert_close(out, ref, low, ref_leaves):
             msg=lambda m: f'grad of {name}: {m}')
 
 
-@pytest.mark.parametrize(
-    'b,h,hw,extra,pool,topk,d,landmarks',
-    [
-        (2, 2, (7, 11), 1, (3, 3), 5, 16, 'patches'),  # batch, heads, odd grid
-        (1, 2, (5, 5), 0, (2, 2), 4, 16, 'patches'),  # no extra token
-        (1, 2, (8, 5), 2, (3, 2), 6, 16, 'patches'),  # 2 extra, bins overlap
-        (1, 1, (4, 6), 1, (4, 4), 1000, 16, 'patches'),  # topk >= N
-        (1, 1, (9, 10), 1, (5, 5), 20, 24, 'patches'),  # m = 25, k = 20 > 16;
-        # head_dim 24 padded
-        (1, 2, (5, 6), 1, (2, 3), 7, 16, 'official'),
-    ])
-def test_float32_matches_reference(b, h, hw, extra, pool, topk, d, landmarks):
+def _check_against_reference(b, h, hw, extra, pool, topk, d,
+                             landmarks='patches', inputs=None):
     n = extra + hw[0] * hw[1]
-    ref_leaves, low = _leaves(random_qkv(b, h, n, d))
+    ref_leaves, low = _leaves(inputs or random_qkv(b, h, n, d))
     ref = naive_mita(
         *ref_leaves,
         hw,
@@ -83,6 +102,45 @@ def test_float32_matches_reference(b, h, hw, extra, pool, topk, d, landmarks):
         *low, plan_of(low[0], hw, extra, pool, topk, landmarks=landmarks))
     assert out.shape == low[0].shape and out.dtype == torch.float32
     _assert_close(out, ref, low, ref_leaves)
+
+
+@pytest.mark.parametrize(
+    'b,h,hw,extra,pool,topk,d,landmarks',
+    [
+        (2, 2, (7, 11), 1, (3, 3), 5, 16, 'patches'),  # batch, heads, odd grid
+        (1, 2, (5, 5), 0, (2, 2), 4, 16, 'patches'),  # no extra token
+        (1, 2, (8, 5), 2, (3, 2), 6, 16, 'patches'),  # 2 extra, bins overlap
+        (1, 1, (4, 6), 1, (4, 4), 1000, 16, 'patches'),  # topk >= N
+        (1, 1, (9, 10), 1, (5, 5), 20, 24, 'patches'),  # m = 25, k = 20 > 16;
+        # head_dim 24 padded
+        (1, 2, (5, 6), 1, (2, 3), 7, 16, 'official'),
+        (1, 1, (10, 12), 1, (3, 3), 80, 16, 'patches'),  # k > 64: torch.topk
+    ])
+def test_float32_matches_reference(b, h, hw, extra, pool, topk, d, landmarks):
+    _check_against_reference(b, h, hw, extra, pool, topk, d, landmarks)
+
+
+@pytest.mark.parametrize(
+    'arch,dtype,case',
+    [
+        # Blocks of 32 queries; K_PAD 16 out of 64-key tiles; 2 splits of
+        # the keys pass (128 + 8 tokens); batch, heads, odd grid.
+        (90, torch.bfloat16, (2, 2, (9, 15), 1, (2, 3), 10, 16)),
+        # Blocks of 64: experts of about 80 queries span two; 3 splits
+        # (128 + 128 + 66); K_PAD = the 64-key tile; 2 extra tokens.
+        (89, torch.bfloat16, (1, 1, (16, 20), 2, (2, 2), 40, 16)),
+        # topk >= N, one split shorter than a key tile.
+        (80, torch.float16, (1, 1, (5, 6), 0, (2, 3), 1000, 16)),
+        # float32's tiles: blocks of 32, 32 keys; 3 splits (64 + 64 + 3).
+        (90, torch.float32, (1, 2, (10, 13), 1, (2, 2), 20, 16)),
+        # head_dim 96: BLOCK_D 128, 32-key tiles; official landmarks.
+        (90, torch.bfloat16, (1, 1, (8, 9), 1, (2, 2), 12, 96, 'official')),
+        # k > 64: R K^T stored, torch.topk.
+        (90, torch.bfloat16, (1, 1, (10, 12), 1, (3, 3), 80, 16)),
+    ])
+def test_gpu_tiles_match_reference(gpu_tiles, arch, dtype, case):
+    gpu_tiles(arch, dtype)
+    _check_against_reference(*case)
 
 
 def test_strided_qkv_views_are_read_in_place():
@@ -103,9 +161,13 @@ def test_strided_qkv_views_are_read_in_place():
     _assert_close(out, ref, [low_qkv], [ref_qkv])
 
 
-def test_one_expert_gets_every_query():
+@pytest.mark.parametrize('tiles', [None, (90, torch.bfloat16)])
+def test_one_expert_gets_every_query(gpu_tiles, tiles):
     # 82 queries along one landmark direction: all in one expert, spanning
-    # 6 blocks of 16; the other 8 experts get none.
+    # 6 blocks of 16 (the GPU's block for N / m = 9); the other 8 experts get
+    # none.
+    if tiles:
+        gpu_tiles(*tiles)
     hw, d = (9, 9), 16
     n = 1 + hw[0] * hw[1]
     ref_leaves, low = _leaves(aligned_qkv(1, 2, n, d))
@@ -116,70 +178,178 @@ def test_one_expert_gets_every_query():
     _assert_close(out, ref, low, ref_leaves)
 
 
-def _expert_ids(g, n, m, seed=0):
-    """Random expert ids [G, N] with, in group 0, exactly BLOCK + 1 queries
-    in expert 2 and none in experts 0 and 5."""
+def _expert_ids(g, n, m, block=BLOCK, seed=0):
+    """Random expert ids [G, N] with, in group 0, exactly ``block + 1``
+    queries in expert 2 and none in experts 0 and 5."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, m, (g, n), generator=gen)
     others = torch.tensor([e for e in range(m) if e not in (0, 2, 5)])
     ids[0] = others[torch.randint(0, len(others), (n, ), generator=gen)]
-    ids[0, torch.randperm(n, generator=gen)[:BLOCK + 1]] = 2
+    ids[0, torch.randperm(n, generator=gen)[:block + 1]] = 2
     return ids
 
 
-def test_expert_with_one_query_more_than_a_block():
+def _fused_forward(q, k, v, hw, extra, pool, topk, expert=None,
+                   topk_index=None):
+    """The outputs of the forward op by name."""
+    names = ('out', 'lse', 'landmarks', 'shared_values', 'lse_shared',
+             'topk_index', 'expert', 'slots', 'block_expert')
+    return dict(
+        zip(
+            names,
+            triton_backend.mita_triton_fwd(q, k, v, *hw, extra, *pool, topk,
+                                           expert, topk_index)))
+
+
+@pytest.mark.parametrize('tiles', [None, (90, torch.bfloat16)])
+def test_expert_with_one_query_more_than_a_block(gpu_tiles, tiles):
     # Routing held fixed: expert 2 of group 0 gets BLOCK + 1 queries (two
-    # blocks, the second with one query), experts 0 and 5 none. Against the
+    # blocks, the second with one query), experts 0 and 5 none; ids outside
+    # [0, m) (what a compiled argmax may return for a row it cannot order,
+    # e.g. all NaN) go to expert 0, whose rows are then written. Against the
     # torch backend in float64 on the same routing.
-    hw, pool, d = (6, 7), (2, 3), 16
+    if tiles:
+        gpu_tiles(*tiles)
+    hw, pool, d, m = (6, 7), (2, 3), 16, 6
     n = 1 + hw[0] * hw[1]
     ref_leaves, low = _leaves(random_qkv(1, 2, n, d))
-    ids = _expert_ids(2, n, 6)
+    ids = _expert_ids(2, n, m)
+    ids[0, [3, 17]] = torch.tensor([-1, m])
+    ids[1, 5] = m + 2**20
     experts = experts_of(*ref_leaves, hw, 1, pool, 8)
-    experts = experts._replace(expert=ids[..., None])
+    experts = experts._replace(
+        expert=torch.where((ids >= 0) & (ids < m), ids, 0)[..., None])
     ref = attend_experts(*ref_leaves, experts)
     out = triton_backend.mita_triton_routed(
         *low, plan_of(low[0], hw, 1, pool, 8), ids, experts.topk_index)
     _assert_close(out, ref, low, ref_leaves)
 
 
-def test_counting_sort_matches_a_plain_reference():
-    g, n, m, d = 2, 45, 6, 16
-    # Small integers: every score exact in float32, ties included.
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randint(-3, 4, (1, g, n, d), generator=gen).float()
-    marks = torch.randint(-3, 4, (g, m, d), generator=gen).float()
-    cfg = triton_backend._Config(n, m, d, torch.float32, True)
-    assert cfg.block == BLOCK
-    ids = _expert_ids(g, n, m)
-    got_ids, slots, block_expert = triton_backend.route_and_sort(
-        q, marks, cfg, ids)
-    assert (got_ids == ids).all()
-    assert slots.shape == (g, BLOCK * (n // BLOCK + m))
-    assert block_expert.shape == (g, n // BLOCK + m)
+@pytest.mark.parametrize('tiles,hw,block', [(None, (6, 7), BLOCK),
+                                            ((90, torch.bfloat16),
+                                             (14, 15), 64)])
+def test_counting_sort_matches_a_plain_reference(gpu_tiles, tiles, hw,
+                                                 block):
+    # The GPU's tiles: blocks of 64 queries, the keys pass in 2 splits
+    # (128 + 83 tokens), the sort reading 32 ids at a time (the
+    # interpreter's: 64 ids, more than a split holds).
+    if tiles:
+        gpu_tiles(*tiles)
+    g, m, d = 2, 6, 16
+    n = 1 + hw[0] * hw[1]
+    q, k, v = (t.detach().float() for t in random_qkv(1, g, n, d))
+    ids = _expert_ids(g, n, m, block)
+    res = _fused_forward(q, k, v, hw, 1, (2, 3), 3, ids,
+                         torch.zeros(g, m, 3, dtype=torch.long))
+    slots, block_expert = res['slots'], res['block_expert']
+    assert (res['expert'] == ids).all()
+    assert slots.shape == (g, block * (n // block + m))
+    assert block_expert.shape == (g, n // block + m)
     for group in range(g):
         counts = torch.bincount(ids[group], minlength=m)
-        blocks = (counts + BLOCK - 1) // BLOCK
+        blocks = (counts + block - 1) // block
         first = torch.cumsum(blocks, 0) - blocks
         want_expert = torch.full((block_expert.shape[1], ), -1)
         want_slots = torch.full((slots.shape[1], ), -1)
         for e in range(m):  # experts without a query get no block
             want_expert[first[e]:first[e] + blocks[e]] = e
             queries = (ids[group] == e).nonzero().flatten()  # stable order
-            start = int(first[e]) * BLOCK
+            start = int(first[e]) * block
             want_slots[start:start + len(queries)] = queries
         assert block_expert[group].tolist() == want_expert.tolist()
         assert slots[group].tolist() == want_slots.tolist()
-    assert block_expert[0, :3].tolist() == [1, 2, 2]  # BLOCK + 1: 2 blocks
+    assert block_expert[0, :3].tolist() == [1, 2, 2]  # block + 1: 2 blocks
 
-    # Routing in the kernel: the argmax of q . R, first index on ties, and
-    # never a padding expert (m = 6 of 16), even where every score is < 0.
-    marks[1, 4] = marks[1, 1]  # a tie between experts 1 and 4
-    marks[0] = marks[0].abs() + 1
-    q[0, 0, :5] = -q[0, 0, :5].abs() - 1
-    routed, _, _ = triton_backend.route_and_sort(q, marks, cfg)
-    scores = q[0].double() @ marks.double().transpose(1, 2)
-    assert (routed == scores.argmax(-1)).all()
+
+@pytest.mark.parametrize('tiles', [None, (90, torch.bfloat16)])
+def test_routing_is_the_first_argmax_and_nan_rows_go_to_expert_0(
+        gpu_tiles, tiles):
+    # Integer queries, landmarks of 2 x 2 bins: every score exact in
+    # float32. The patch rows repeat with period 4, so landmark j + 12 is
+    # landmark j: every query's best score is a tie, across the
+    # interpreter's two routing tiles of 16 landmarks for some. The extra
+    # tokens' queries are < 0 against landmarks > 0 (every score < 0,
+    # never a padding expert: m = 24 of 32); one of them is NaN.
+    if tiles:
+        gpu_tiles(*tiles)
+    hw, extra, pool, g, d = (8, 12), 3, (4, 6), 2, 16
+    gen = torch.Generator().manual_seed(0)
+    patches = torch.randint(1, 4, (1, g, 4, hw[1], d), generator=gen)
+    q = torch.cat([
+        -torch.randint(1, 4, (1, g, extra, d), generator=gen),
+        patches.repeat(1, 1, 2, 1, 1).flatten(2, 3)
+    ], 2).float()
+    q[0, 1, 1] = float('nan')
+    k, v = (t.detach().float()
+            for t in random_qkv(1, g, q.shape[2], d)[:2])
+    res = _fused_forward(q, k, v, hw, extra, pool, 5)
+    marks = res['landmarks'].double()
+    assert torch.equal(marks[:, :12], marks[:, 12:]) and (marks > 0).all()
+    scores = q[0].double() @ marks.transpose(1, 2)
+    assert (res['expert'] == scores.argmax(-1)).all()  # NaN row: 0
+    assert res['expert'][1, 1] == 0
+    assert res['out'][0, 1, 1].isnan().all() and res['lse'][1, 1].isnan()
+    assert not res['out'][0, 0].isnan().any()
+
+
+@pytest.mark.parametrize('tiles,topk', [(None, 6), (None, 20),
+                                        ((90, torch.bfloat16), 10),
+                                        ((90, torch.bfloat16), 40),
+                                        ((90, torch.float32), 20)])
+def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
+                                                        topk):
+    # Integer keys and queries, landmarks of 4 x 4 bins: R K^T exact in
+    # float32, and below 0 but for one key in 500 (the order of negative
+    # floats); key 7 is NaN, ranked above every number (as torch.topk ranks
+    # it); the last key of landmark 0 is made its k-th key (a tie at the
+    # boundary, where the lower token must win). The GPU's tiles: 3 splits
+    # of the keys pass (128 + 128 + 1 tokens), top-k lists of 16 out of
+    # 64-key tiles (k = 10) and of one tile (k = 40); float32: 5 splits.
+    if tiles:
+        gpu_tiles(*tiles)
+    hw, pool, g, d = (16, 16), (4, 4), 2, 16
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(1, 4, (1, g, 1 + 256, d), generator=gen).float()
+    k = torch.randint(-3, 2, (1, g, 1 + 256, d), generator=gen).float()
+    k[0, :, 7] = float('nan')
+
+    def ranks(marks):
+        logits = marks.double() @ k[0].double().transpose(1, 2)
+        return torch.where(logits.isnan(), float('inf'), logits)
+
+    marks = F.adaptive_avg_pool2d(
+        q[0, :, 1:].transpose(1, 2).reshape(g, d, *hw), pool)
+    order = torch.sort(-ranks(marks.flatten(2).transpose(1, 2))[0, 0],
+                       stable=True).indices
+    k[0, 0, order[-1]] = k[0, 0, order[topk - 1]]
+    res = _fused_forward(q, k, torch.randn(q.shape), hw, 1, pool, topk)
+    rank = ranks(res['landmarks'])
+    want = torch.sort(-rank, stable=True).indices[..., :topk]
+    assert torch.equal(res['topk_index'].sort(-1).values,
+                       want.sort(-1).values)
+    kth = rank[0, 0].sort(descending=True).values[topk - 1:topk + 1]
+    assert kth[0] == kth[1]  # the tie at the boundary
+
+
+def test_tied_top_k_logits_match_reference(gpu_tiles):
+    # Queries along one direction (so are the landmarks); keys 5, 60 and
+    # 130 are one key far along it: tied logits, the largest of every
+    # landmark. The GPU's tiles (blocks of 32, 64-key tiles, 2 splits).
+    gpu_tiles(90, torch.bfloat16)
+    hw, d = (12, 12), 16
+    q, k, v = aligned_qkv(1, 2, 1 + hw[0] * hw[1], d)
+    with torch.no_grad():
+        k[:, :, [5, 60, 130]] = 3 * q.mean(2, keepdim=True)
+    _check_against_reference(1, 2, hw, 1, (3, 3), 8, d, inputs=[q, k, v])
+
+
+def test_every_launch_fills_an_h200_at_65537_tokens():
+    # N = 65537, 6 heads, batch 1, m = k = 49: at least one wave of
+    # programs (132 SMs) per launch.
+    cfg = triton_backend._Config(65537, 49, 64, 49, 6, torch.bfloat16, 90)
+    for kernel in triton_backend.KERNELS:
+        grid = cfg.grid(kernel)
+        assert grid[0] * grid[1] >= 132, (kernel, grid)
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
@@ -319,8 +489,8 @@ def test_head_dim_128_runs_and_float32_dots_are_ieee():
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     # The interpreter computes every dot exactly: only the launch settings
     # show a float32 call on tensor-core tf32.
-    for interpreted in (True, False):
-        cfg = triton_backend._Config(4097, 49, 64, torch.float32, interpreted)
+    for arch in (None, 80, 89, 90):
+        cfg = triton_backend._Config(4097, 49, 64, 49, 6, torch.float32, arch)
         assert cfg.precision == 'ieee'
 
 

