@@ -461,7 +461,7 @@ MUTATIONS = [
      "['.mim/configs/**/*.py', '.mim/configs/**/*.md',",
      "['.mim/configs/*/*.py', '.mim/configs/**/*.md',", PACKAGING_TEST),
     ('a torch minimum above the installed torch', 'setup.py',
-     "'torch>=2.13',", "'torch>=2.14',", PACKAGING_TEST),
+     "'torch>=2.6',", "'torch>=2.14',", PACKAGING_TEST),
     ('wheel version not read from mmseg_mita/version.py', 'setup.py',
      'version=version(),', "version='0.1.0',", PACKAGING_TEST),
     ('the tools\' config argument never looked up by name',
