@@ -134,6 +134,9 @@ class Member(NamedTuple):
     size: int  # uncompressed
     crc: int
     method: int = 0  # 0 stored, 8 deflate
+    # (size, stored size) of each zip64 field of the central entry, which
+    # then states 0xFFFFFFFF for both sizes
+    zip64: Tuple[Tuple[int, int], ...] = ()
 
 
 def stored(name: str, data: bytes) -> Member:
@@ -163,15 +166,31 @@ def local_entry(member: Member) -> bytes:
 
 def _central(member: Member, offset: int, comment: bytes = b'') -> bytes:
     name = member.name.encode()
+    sizes = (len(member.data), member.size)
+    extra = b''.join(
+        struct.pack('<2H2Q', 1, 16, size, stored_size)
+        for size, stored_size in member.zip64)
+    if member.zip64:
+        sizes = (0xFFFFFFFF, 0xFFFFFFFF)
     return struct.pack('<4s6H3I5H2I', b'PK\x01\x02', 20, 20, 0,
-                       member.method, 0, 0, member.crc, len(member.data),
-                       member.size, len(name), 0, len(comment), 0, 0, 0,
-                       offset) + name + comment
+                       member.method, 0, 0, member.crc, *sizes, len(name),
+                       len(extra), len(comment), 0, 0, 0,
+                       offset) + name + extra + comment
 
 
 def _end(count: int, cd_size: int, cd_offset: int) -> bytes:
     return struct.pack('<4s4H2IH', b'PK\x05\x06', 0, 0, count, count,
                        cd_size, cd_offset, 0)
+
+
+def _end64(count: int, cd_size: int, cd_offset: int) -> bytes:
+    """A zip64 end record (as torch.save writes one)."""
+    return struct.pack('<4sQ2H2I4Q', b'PK\x06\x06', 44, 45, 45, 0, 0,
+                       count, count, cd_size, cd_offset)
+
+
+def _locator(end64_offset: int) -> bytes:
+    return struct.pack('<4sIQI', b'PK\x06\x07', 0, end64_offset, 1)
 
 
 def zip_archive(members: List[Member]) -> bytes:
@@ -221,6 +240,30 @@ def two_directory_zip(for_torch: List[Member],
                             size - sizes[1])
     return (torch_data + bytes(len(python_data)) + torch_dir + python_data +
             python_dir + _end(len(for_python), size, stated))
+
+
+def two_zip64_records(for_torch: List[Member],
+                      for_python: List[Member]) -> bytes:
+    """One file, two archives told apart by their zip64 end records: torch's
+    reader follows the zip64 locator to the record of ``for_torch``,
+    Python's ``zipfile`` reads the record just before the locator, that of
+    ``for_python``; the end record states ``for_python``'s directory.
+
+    Layout: torch's members, directory and zip64 record, Python's members,
+    directory and zip64 record, the locator, the end record."""
+    torch_data = b''.join(map(local_entry, for_torch))
+    torch_dir = _directory(for_torch, 0)
+    torch_end = len(torch_data) + len(torch_dir)
+    first = torch_end + 56
+    python_data = b''.join(map(local_entry, for_python))
+    python_dir = _directory(for_python, first)
+    python_at = first + len(python_data)
+    return (torch_data + torch_dir +
+            _end64(len(for_torch), len(torch_dir), len(torch_data)) +
+            python_data + python_dir +
+            _end64(len(for_python), len(python_dir), python_at) +
+            _locator(torch_end) +
+            _end(len(for_python), len(python_dir), python_at))
 
 
 def checkpoint_members(data_pkl: bytes, storages: Dict[str, bytes],

@@ -6,10 +6,15 @@ another directory with the repository off ``sys.path``.
 
 The venv gets the torch version of this environment (with only binaries
 allowed, from pip's find-links first: a local CPU wheel where the machine
-has one) and mmcv 2.1.0 from a wheel only (pip's find-links or its wheel
-cache, where ``scripts/setup.sh`` leaves the one it built): the test fails,
-naming the fix, rather than building mmcv for 20 minutes.
+has one) and the mmcv of this environment, repacked into a wheel
+(:func:`repack_installed`): the one mmcv known to run with that torch
+(mmcv's compiled ops are bound to the torch they were built against, and a
+wheel pip built from mmcv's source and cached is not told apart by it),
+found on every machine that runs the tests, and installed without a
+20-minute build.
 """
+import base64
+import hashlib
 import ast
 import json
 import os
@@ -19,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import distribution
 
 import pytest
 import torch
@@ -29,12 +35,10 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = 'mita-vit-mini8_upernet_1xb8-1k_demo-96x96'
 STACK = [
     'torch==' + torch.__version__.split('+')[0], 'mmengine>=0.10.0,<0.11',
-    'mmcv==2.1.0', 'mmsegmentation==1.2.2', 'ftfy', 'regex'
+    'mmsegmentation==1.2.2', 'ftfy', 'regex'
 ]
-NO_MMCV_WHEEL = (
-    'no mmcv 2.1.0 wheel in pip\'s find-links or wheel cache: run '
-    '`bash scripts/setup.sh` once (pip caches the mmcv it builds) or set '
-    'PIP_FIND_LINKS to a folder holding the wheel')
+# what pip writes into a dist-info when it installs (not part of a wheel)
+INSTALL_MARKERS = {'RECORD', 'INSTALLER', 'REQUESTED', 'direct_url.json'}
 
 
 def _run(cmd, cwd, message='', timeout=900):
@@ -51,20 +55,56 @@ def _pip(python, *args, cwd, **kwargs):
     return _run([python, '-m', 'pip', *args], cwd, **kwargs)
 
 
-def _wheel_folders(tmp):
-    """``--find-links`` for pip: the find-links of pip's configuration
-    files and environment (PIP_FIND_LINKS would hide the files' setting)
-    and the folders of the mmcv wheels in pip's wheel cache."""
+def _find_links(tmp):
+    """``--find-links`` for pip: those of pip's configuration files and
+    environment (PIP_FIND_LINKS would hide the files' setting)."""
     folders = []
     for line in _pip(sys.executable, 'config', 'list', cwd=tmp).splitlines():
         key, _, value = line.partition('=')
         if key.endswith('.find-links'):
             folders += ast.literal_eval(value).split()
-    cached = subprocess.run(
-        [sys.executable, '-m', 'pip', 'cache', 'list', 'mmcv',
-         '--format=abspath'], stdout=subprocess.PIPE, text=True).stdout
-    folders += [osp.dirname(p) for p in cached.split() if p.endswith('.whl')]
     return [arg for f in dict.fromkeys(folders) for arg in ('-f', f)]
+
+
+def _record_hash(data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+    return 'sha256=' + digest.rstrip(b'=').decode()
+
+
+def repack_installed(name, folder):
+    """A wheel, written to ``folder``, of the distribution ``name`` installed
+    in this environment: the files its dist-info RECORD lists within
+    site-packages (without ``__pycache__``), its dist-info less pip's
+    install markers, and a new RECORD. Returns the wheel's path."""
+    dist = distribution(name)
+    wheel_info = dist.read_text('WHEEL')
+    if wheel_info is None or dist.files is None:
+        raise FileNotFoundError(f'{name} was not installed from a wheel '
+                                '(its dist-info has no WHEEL or RECORD)')
+    tags = [line.split(':', 1)[1].strip().split('-')
+            for line in wheel_info.splitlines() if line.startswith('Tag:')]
+    tag = '-'.join('.'.join(dict.fromkeys(part)) for part in zip(*tags))
+    meta = dist.metadata
+    stem = f"{meta['Name'].replace('-', '_')}-{meta['Version']}"
+    path = osp.join(folder, f'{stem}-{tag}.whl')
+    record, info_dir = [], None
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as archive:
+        for file in dist.files:
+            parts = file.parts
+            if '..' in parts or '__pycache__' in parts:
+                continue
+            if parts[0].endswith('.dist-info'):
+                info_dir = parts[0]
+                if len(parts) == 2 and parts[1] in INSTALL_MARKERS:
+                    continue
+            with open(dist.locate_file(file), 'rb') as f:
+                data = f.read()
+            archive.writestr(file.as_posix(), data)
+            record.append(f'{file.as_posix()},{_record_hash(data)},'
+                          f'{len(data)}')
+        record.append(f'{info_dir}/RECORD,,')
+        archive.writestr(f'{info_dir}/RECORD', '\n'.join(record) + '\n')
+    return path
 
 
 def _tracked_copy(dst):
@@ -108,11 +148,12 @@ def venv(wheel, tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp('venv'))
     _run([sys.executable, '-m', 'venv', osp.join(tmp, 'venv')], tmp)
     python = osp.join(tmp, 'venv', 'bin', 'python')
+    mmcv = repack_installed('mmcv', tmp)
     _pip(python, 'install', '--disable-pip-version-check', '-c',
          osp.join(ROOT, 'scripts', 'constraints.txt'), '--only-binary',
-         'torch,mmcv', *_wheel_folders(tmp), *STACK, cwd=tmp,
-         message=f'the stack did not install into a fresh venv ({STACK}); '
-         f'if mmcv is missing: {NO_MMCV_WHEEL}')
+         'torch', *_find_links(tmp), *STACK, mmcv, cwd=tmp,
+         message=f'the stack did not install into a fresh venv ({STACK}, '
+         f'{mmcv})')
     before = _installed(python, tmp)
     report = osp.join(tmp, 'report.json')
     _pip(python, 'install', '--dry-run', '--report', report, wheel, cwd=tmp)
@@ -141,6 +182,31 @@ def test_wheel_holds_the_package_and_every_config(wheel):
     assert modules <= names
 
 
+def test_repacked_wheel_holds_the_installed_distribution(tmp_path):
+    path = repack_installed('mmcv', str(tmp_path))
+    assert osp.basename(path).startswith('mmcv-2.1.0-cp3')
+    dist = distribution('mmcv')
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None
+        names = set(archive.namelist())
+        record = archive.read('mmcv-2.1.0.dist-info/RECORD').decode()
+        listed = {}
+        for line in record.splitlines():
+            name, digest, size = line.rsplit(',', 2)
+            listed[name] = digest, size
+        for name in names - {'mmcv-2.1.0.dist-info/RECORD'}:
+            data = archive.read(name)
+            assert listed.pop(name) == (_record_hash(data), str(len(data)))
+            with open(dist.locate_file(name), 'rb') as f:
+                assert f.read() == data, name
+    assert listed == {'mmcv-2.1.0.dist-info/RECORD': ('', '')}
+    assert {'mmcv-2.1.0.dist-info/WHEEL', 'mmcv-2.1.0.dist-info/METADATA',
+            'mmcv/ops/__init__.py'} <= names
+    assert any(re.fullmatch(r'mmcv/_ext\..*\.so', n) for n in names)
+    assert not names & {'mmcv-2.1.0.dist-info/' + m
+                        for m in INSTALL_MARKERS - {'RECORD'}}
+
+
 def test_wheel_adds_only_itself(venv):
     import mmseg_mita
     assert venv['would_install'] == [('mmseg-mita', mmseg_mita.__version__)]
@@ -152,7 +218,7 @@ def test_wheel_adds_only_itself(venv):
 def test_installed_package_builds_a_config_model_anywhere(venv):
     code = (
         'import sys, torch\n'
-        'import mmseg_mita, mmseg_mita.mmseg_plugin\n'
+        'import mmcv.ops, mmseg_mita, mmseg_mita.mmseg_plugin\n'
         'from importlib.metadata import version\n'
         'from mmengine.config import Config\n'
         'from mmengine.registry import init_default_scope\n'

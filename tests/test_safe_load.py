@@ -30,7 +30,8 @@ from crafted import (ENTRY_POINTS, MARKER, Build, Call, Global,
                      PersistentId, attempt, checkpoint_members,
                      deflated_zeros, dumps, legacy, legacy_storage,
                      local_entry, rebuild_tensor, stored, torch_zip,
-                     two_directory_zip, zip_archive, zip_storage)
+                     two_directory_zip, two_zip64_records, zip_archive,
+                     zip_storage)
 from helpers import DEMO_CONFIG, data_opts
 from mmseg_mita.safe_load import UNSAFE_ENV
 
@@ -85,6 +86,14 @@ def _weights(extra=None, legacy_format=False):
     w = rebuild_tensor(zip_storage('0', 4), (4, ))
     return torch_zip(dumps({'state_dict': {'w': w}, **(extra or {})}),
                      {'0': bytes(16)})
+
+
+def _damaged_tensor():
+    """The members of a checkpoint whose tensor fails its CRC-32 check."""
+    return checkpoint_members(dumps({'w': rebuild_tensor(
+        zip_storage('0', 4), (4, ))}), {})[:1] + [
+            stored('archive/data/0', b'\xff' * 16)._replace(crc=0)
+        ] + checkpoint_members(b'', {})[1:]
 
 
 def _calling(module, name, *args):
@@ -151,14 +160,27 @@ ATTACKS = {
         dumps({'w': 1}), {})), REFUSED, 'it is a TorchScript archive'),
     'zip: a damaged tensor for torch, the intact one for zipfile':
     (lambda: two_directory_zip(
-        checkpoint_members(dumps({'w': rebuild_tensor(
-            zip_storage('0', 4), (4, ))}), {'0': b'\xff' * 16})[:1] +
-        [stored('archive/data/0', b'\xff' * 16)._replace(crc=0)] +
-        checkpoint_members(b'', {})[1:],
+        _damaged_tensor(),
         checkpoint_members(dumps({'w': rebuild_tensor(
             zip_storage('0', 4), (4, ))}), {'0': bytes(16)})), REFUSED,
-     "torch's zip reader and Python's zipfile read member .* at different "
-     'places'),
+     r'its central directory \(\d+ bytes from byte \d+\) does not end where '
+     r'its end records begin'),
+    'zip: a damaged tensor for torch, the intact one for zipfile (zip64)':
+    (lambda: two_zip64_records(_damaged_tensor(), checkpoint_members(dumps(
+        {'w': rebuild_tensor(zip_storage('0', 4), (4, ))}), {'0': bytes(16)})),
+     REFUSED, r'its zip64 locator points at byte \d+, not at a zip64 end '
+     r'record just before it'),
+    'zip: a member with two zip64 size fields':
+    (lambda: zip_archive(checkpoint_members(dumps({'w': rebuild_tensor(
+        zip_storage('0', 4), (4, ))}), {})[:1] + [stored(
+            'archive/data/0', bytes(16))._replace(zip64=(
+                (0xFFFFFFFF, 0xFFFFFFFF), (16, 16)))] + checkpoint_members(
+                    b'', {})[1:]), REFUSED,
+     'member data/0 states 16 bytes stored for 16 bytes of data, with 2 '
+     'zip64 fields'),
+    'zip: data after the archive':
+    (lambda: _weights() + bytes(10), REFUSED,
+     'its end record is not its last 22 bytes'),
     'zip: data before the archive':
     (lambda: local_entry(stored('archive/x', bytes(100))) + _weights(),
      CORRUPT, "torch's zip reader"),
@@ -382,6 +404,8 @@ def test_two_directory_layouts_are_live(tmp_path):
          lambda out: MARKER in out.output),
         ('zip: a damaged tensor for torch, the intact one for zipfile',
          lambda out: out.result['control'] == 'loaded'),
+        ('zip: a damaged tensor for torch, the intact one for zipfile '
+         '(zip64)', lambda out: out.result['control'] == 'loaded'),
     ]:
         work = tmp_path / str(len(os.listdir(tmp_path)))
         work.mkdir()

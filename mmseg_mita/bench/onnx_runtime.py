@@ -23,23 +23,25 @@ import torch
 from mmseg_mita.deploy import (SegmentorLogits, build_segmentor, export_onnx,
                                prepare_for_export)
 from mmseg_mita.deploy.export_tool import require_onnx
+from mmseg_mita.tools import resolve_config
 from .cli import UsageError
 from .measure import summarize, time_interleaved
 from .record import document, finish
 from .report import Column, Table, fixed, milliseconds
-from .workloads import ROOT, image_size
+from .workloads import image_size
 
 COMMON = dict(repeats=5, time_budget=60.0, threads=2, seed=0)
 CONFIGS = [
-    'configs/mita_vit/mita-vit-s16_cbt_8xb1-160k_ade20k-512x512.py',
-    'configs/mita_vit/vit-s16_cbt_8xb1-160k_ade20k-512x512.py',
+    'mita-vit-s16_cbt_8xb1-160k_ade20k-512x512',
+    'vit-s16_cbt_8xb1-160k_ade20k-512x512',
 ]
 RUNTIMES = ('pytorch', 'onnxruntime')
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--configs', nargs='+', default=CONFIGS,
-                        help='configs to compare; the last is the baseline')
+                        help="configs (files or packaged configs' names) to "
+                        'compare; the last is the baseline')
     parser.add_argument('--size', type=image_size, default=(512, 512),
                         metavar='HxW')
 
@@ -49,7 +51,7 @@ def _runners(config: str, size, threads: int, seed: int, folder: str):
     config on one random image."""
     import onnxruntime as ort
     torch.manual_seed(seed)
-    model = build_segmentor(osp.join(ROOT, config))
+    model = build_segmentor(resolve_config(config))
     exported = copy.deepcopy(model)
     prepare_for_export(exported)
     path = osp.join(folder, osp.basename(config) + '.onnx')

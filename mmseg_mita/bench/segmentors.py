@@ -18,18 +18,19 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from mmengine.config import Config
 
-from .workloads import ROOT
+from mmseg_mita.tools import resolve_config
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
-    """A config (a path relative to the repository or absolute), with
-    ``cfg_options`` merged; loads the plugin."""
+    """A config (a file, or a packaged config's name:
+    :func:`mmseg_mita.config_path`), with ``cfg_options`` merged; loads the
+    plugin."""
     import mmseg_mita.mmseg_plugin  # noqa: F401  (MiTA in mmseg)
-    full = path if osp.isabs(path) else osp.join(ROOT, path)
+    full = resolve_config(path)
     if not osp.isfile(full):
-        raise FileNotFoundError(f'no config at {full}: the segmentor '
-                                'subcommands read the configs of the '
-                                'repository (run from a checkout)')
+        raise FileNotFoundError(f'no config at {full}: give a config file '
+                                "or a packaged config's name "
+                                '(mmseg_mita.list_configs())')
     cfg = Config.fromfile(full)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)

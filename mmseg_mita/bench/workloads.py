@@ -12,13 +12,9 @@ embedding (patches rounded up, as mmseg's ``AdaptivePadding`` pads).
 """
 import argparse
 import math
-import os.path as osp
 from typing import NamedTuple, Optional, Tuple
 
 from .cli import UsageError
-
-# The repository: the configs below are relative to it.
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 # ``op``: tokens of ViT-S at 512 x 512, 640 x 640, 1024 x 1024, 2048 x 2048
 # and 4096 x 4096 (16 x 16 patches, one cls token).
@@ -35,17 +31,15 @@ THROUGHPUT_TOKENS = (65536, 262144, 1048576)
 # ``scaling``: input sizes of the whole segmentors.
 SCALING_SIZES = ('512x512', '1024x1024', '1024x2048', '2048x2048')
 
-# The ViT-S segmentors: (decode head, dataset) -> MiTA config. Each is
-# compared with its SDPA twin (the same config with full attention).
+# The ViT-S segmentors: (decode head, dataset) -> MiTA config (a packaged
+# config's name, :func:`mmseg_mita.config_path`). Each is compared with its
+# SDPA twin (the same config with full attention).
 SEGMENTOR_CONFIGS = {
-    ('upernet', 'ade20k'):
-    'configs/mita_vit/mita-vit-s16_upernet_8xb2-160k_ade20k-512x512.py',
-    ('cbt', 'ade20k'):
-    'configs/mita_vit/mita-vit-s16_cbt_8xb1-160k_ade20k-512x512.py',
+    ('upernet', 'ade20k'): 'mita-vit-s16_upernet_8xb2-160k_ade20k-512x512',
+    ('cbt', 'ade20k'): 'mita-vit-s16_cbt_8xb1-160k_ade20k-512x512',
     ('upernet', 'cityscapes'):
-    'configs/mita_vit/mita-vit-s16_upernet_8xb1-80k_cityscapes-1024x1024.py',
-    ('cbt', 'cityscapes'):
-    'configs/mita_vit/mita-vit-s16_cbt_8xb1-80k_cityscapes-1024x1024.py',
+    'mita-vit-s16_upernet_8xb1-80k_cityscapes-1024x1024',
+    ('cbt', 'cityscapes'): 'mita-vit-s16_cbt_8xb1-80k_cityscapes-1024x1024',
 }
 # Decode head -> (method, backbone) as the model card names them.
 HEADS = dict(upernet=('UPerNet', 'ViT-S/16 + MLN'), cbt=('CBT', 'ViT-S/16'))

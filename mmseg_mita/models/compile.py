@@ -20,6 +20,10 @@ from torch import nn
 
 # Children of a segmentor that are not the network.
 NOT_NETWORK = ('data_preprocessor', )
+# The oldest torch whose torch.compile gives the MiTA operator's gradients
+# right (docs/install.md, "Minimum versions": zero on 2.11.0, no trace on
+# 2.4.0 to 2.9.0).
+COMPILE_MIN_TORCH = '2.13'
 
 
 def compile_options(cfg) -> Dict[str, object]:
@@ -59,7 +63,14 @@ def network_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
 
 def compile_network(model: nn.Module, **options) -> List[str]:
     """Compiles the forward of every network part of ``model`` with
-    ``torch.compile(**options)``; returns the parts' names."""
+    ``torch.compile(**options)``; returns the parts' names. Needs torch
+    :data:`COMPILE_MIN_TORCH` (a ``RuntimeError`` on older ones)."""
+    if torch.__version__ < COMPILE_MIN_TORCH:
+        raise RuntimeError(
+            f'compile: torch.compile of MiTA needs torch >= '
+            f'{COMPILE_MIN_TORCH} (this is {torch.__version__}; older '
+            'releases fail to trace it or give wrong gradients); drop '
+            'compile or upgrade torch')
     names = []
     for name, module in network_parts(model):
         module.forward = torch.compile(module.forward, **options)

@@ -2,12 +2,12 @@
 import os
 import pickle
 import warnings
-from typing import Any, BinaryIO, List, Optional
+from typing import Any, BinaryIO, Optional
 
 import torch
 
 from .allowed import admitted, resolve
-from .archive import python_view, torch_reader
+from .archive import ZipView, python_view, torch_reader
 from .errors import (UNSAFE_ENV, Damaged, Refused, damaged, refused,
                      unsafe_load_allowed)
 from .formats import is_npz, read_npz, read_safetensors, sniff
@@ -37,12 +37,12 @@ def load_checkpoint(path: str, map_location: Any = None,
             kind = sniff(file, size)
             if kind == 'safetensors':
                 return _to_device(read_safetensors(file, size), map_location)
-            infos = python_view(file, size) if kind == 'zip' else None
-            if infos is not None and is_npz(infos):
+            view = python_view(file, size) if kind == 'zip' else None
+            if view is not None and is_npz(view.infos):
                 if not npz:
                     raise Refused(NPZ_REFUSED.format(path=path))
-                return read_npz(file, infos)
-            return load_torch_file(file, kind, infos, map_location)
+                return read_npz(file, view.infos)
+            return load_torch_file(file, kind, view, map_location)
         except Refused as e:
             raise refused(path, str(e)) from None
         except Damaged as e:
@@ -60,9 +60,9 @@ def _to_device(tensors: dict, map_location: Any) -> dict:
 
 
 def load_torch_file(file: BinaryIO, kind: str,
-                    infos: Optional[List] = None,
+                    view: Optional[ZipView] = None,
                     map_location: Any = None) -> Any:
-    """``torch.load`` of a PyTorch file (``kind``: ``'zip'``, with ``infos``
+    """``torch.load`` of a PyTorch file (``kind``: ``'zip'``, with ``view``
     from :func:`.archive.python_view`, ``'legacy'`` or ``'tar'``) on torch's
     weights-only unpickler, with :mod:`.allowed` admitted for the duration,
     after :mod:`.archive` and :mod:`.scan` checked the file (read from the
@@ -76,12 +76,13 @@ def load_torch_file(file: BinaryIO, kind: str,
     if kind == 'tar':
         raise Refused("it is in torch's oldest format (a .tar archive), "
                       'whose loader extracts members to disk')
+    size = os.fstat(file.fileno()).st_size
     try:
         if kind == 'zip':
-            scan_zip(torch_reader(file, infos))
+            scan_zip(torch_reader(file, view, size))
         else:
             file.seek(0)
-            scan_legacy(file, os.fstat(file.fileno()).st_size)
+            scan_legacy(file, size)
     except (Refused, Damaged):
         raise
     except Exception as e:  # a malformed pickle: errors of all kinds

@@ -13,9 +13,10 @@ it, or never checks:
   protocol 2 pickles them, from latin-1 text (``bytearray(n)`` allocates,
   other codecs take time quadratic in their input);
 * every storage a persistent id claims has its bytes in the file: a zip
-  record of exactly that size, or, in the legacy format, a listed entry of
-  the storage data within the file (:func:`scan_legacy`; torch allocates
-  every claim first, and leaves a claim no entry lists uninitialised);
+  record of exactly that size (:mod:`.archive`), or, in the legacy format,
+  a listed entry of the storage data within the file (:func:`scan_legacy`;
+  torch allocates every claim first, and leaves a claim no entry lists
+  uninitialised);
 * a quantized tensor fits its storage (torch allocates its size first).
 
 Tensor views of a storage are bounded by torch itself (``Tensor.set_``
@@ -295,17 +296,17 @@ def _storage_claim(pid: Any, length: int) -> Tuple[torch.dtype, str, int]:
 
 
 class _ZipClaims:
-    """Each storage of a zip checkpoint is a record of exactly its size."""
+    """Each storage of a zip checkpoint is a record of exactly its size
+    (``sizes``: :attr:`.archive.TorchArchive.sizes`)."""
 
-    def __init__(self, reader):
-        self.reader, self.seen = reader, {}
+    def __init__(self, sizes: Dict[str, int]):
+        self.sizes, self.seen = sizes, {}
 
     def __call__(self, pid: Any) -> Storage:
         dtype, key, nbytes = _storage_claim(pid, 5)
         if key not in self.seen:
             record = f'data/{key}'
-            size = self.reader.get_record_size(record) \
-                if self.reader.has_record(record) else None
+            size = self.sizes.get(record)
             if size != nbytes:
                 raise Refused(f'a tensor claims {nbytes} bytes of storage '
                               f'{record}, which holds '
@@ -319,13 +320,13 @@ def _no_persistent_id(pid: Any) -> Storage:
                   'tensors')
 
 
-def scan_zip(reader) -> None:
-    """Scan ``data.pkl`` of a zip checkpoint (``reader``: torch's reader of
-    the archive; see :mod:`.archive`)."""
-    if not reader.has_record('data.pkl'):
+def scan_zip(archive) -> None:
+    """Scan ``data.pkl`` of a zip checkpoint (``archive``: the
+    :class:`.archive.TorchArchive` of the file)."""
+    if 'data.pkl' not in archive.sizes:
         raise Damaged('a zip archive without data.pkl: no PyTorch file')
-    PickleScan(io.BytesIO(reader.get_record('data.pkl')),
-               _ZipClaims(reader)).run()
+    PickleScan(io.BytesIO(archive.reader.get_record('data.pkl')),
+               _ZipClaims(archive.sizes)).run()
 
 
 class _LegacyClaims:

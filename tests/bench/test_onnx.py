@@ -6,13 +6,16 @@ import pytest
 MISSING = 'the deploy extra is not installed: pip install -e .[deploy]'
 pytest.importorskip('onnxruntime', reason=MISSING)
 pytest.importorskip('onnx', reason=MISSING)
+from mmseg_mita import config_path  # noqa: E402
 from mmseg_mita.bench.cli import main  # noqa: E402
 
-DEMO = 'configs/mita_vit/mita-vit-mini8_upernet_1xb8-1k_demo-96x96.py'
-DEMO_FULL = 'configs/mita_vit/vit-mini8_upernet_1xb8-1k_demo-96x96.py'
+# a packaged config's name and a config file
+DEMO = 'mita-vit-mini8_upernet_1xb8-1k_demo-96x96'
+DEMO_FULL = config_path('vit-mini8_upernet_1xb8-1k_demo-96x96')
 
 
-def test_onnx_runtime_against_pytorch(tmp_path, capsys):
+def test_onnx_runtime_against_pytorch(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # configs found outside a checkout
     path = tmp_path / 'o.json'
     assert main(['onnx', '--configs', DEMO, DEMO_FULL, '--size', '64x64',
                  '--repeats', '1', '--threads', '1', '--json',

@@ -43,10 +43,17 @@ def test_value_types():
             parse(text)
 
 
-def test_segmentor_workloads_and_configs(repo_root):
-    import os.path as osp
-    for path in SEGMENTOR_CONFIGS.values():
-        assert osp.isfile(osp.join(repo_root, path)), path
+def test_segmentor_workloads_and_configs(tmp_path, monkeypatch):
+    from mmseg_mita import list_configs
+    from mmseg_mita.bench.segmentors import load_config
+    assert set(SEGMENTOR_CONFIGS.values()) <= set(list_configs())
+    monkeypatch.chdir(tmp_path)  # packaged configs, from anywhere
+    name = SEGMENTOR_CONFIGS[('cbt', 'ade20k')]
+    assert load_config(name).model.backbone.type == 'MiTAViT'
+    with pytest.raises(ValueError, match='no packaged config; near matches'):
+        load_config(name[:-1])
+    with pytest.raises(FileNotFoundError, match='no config at x/y.py'):
+        load_config('x/y.py')
     slide = SEGMENTOR_WORKLOADS['cityscapes-slide']
     assert (slide.size, slide.crop, slide.stride) == ((1024, 2048),
                                                       (1024, 1024),

@@ -3,6 +3,7 @@
 not the optimizer step) and :mod:`mmseg_mita.models.compile`."""
 import os
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -26,6 +27,22 @@ def test_compile_options_of_the_config_value():
         compile_options('yes')
     with pytest.raises(ValueError, match=r"takes no \['backnd'\]"):
         compile_options(dict(backnd='eager'))
+
+
+@pytest.mark.parametrize('version,refused', [('2.12.1', True),
+                                              ('2.6.0+cu124', True),
+                                              ('2.13.0', False)])
+def test_compile_needs_its_minimum_torch(monkeypatch, version, refused):
+    from torch.torch_version import TorchVersion
+    monkeypatch.setattr(torch, '__version__', TorchVersion(version))
+    model = _demo_segmentor()
+    if refused:
+        with pytest.raises(RuntimeError, match=r'needs torch >= 2\.13 '
+                           rf'\(this is {re.escape(version)};'):
+            compile_network(model, backend='eager')
+    else:
+        assert compile_network(model, backend='eager')[0] == 'backbone'
+    torch._dynamo.reset()
 
 
 def test_the_network_parts_are_compiled_not_the_data_preprocessor():
