@@ -987,11 +987,14 @@ class _Config:
         largest = 32 if dtype == torch.float32 else 64
         self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
         self.block_m = self.block
-        self.block_m_bwd = min(self.block, 32)
+        self.block_m_bwd = self.block
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
         self.block_n_bwd = 32
         self.keys_n = self.block_n
-        self.shared_n = self.pool_n = 32
+        # _shared_bwd: 64 keys a program on sm_90 (half the programs adding
+        # into dR); 32 elsewhere (64 spills on sm_89, on 4 or 8 warps).
+        self.shared_n = 64 if arch == 90 and self.block_d <= 64 else 32
+        self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
         self.block_q = self.block_p = 64
         self.block_i = 32
@@ -999,7 +1002,7 @@ class _Config:
         if dtype == torch.float32:
             # IEEE float32 dots run on CUDA cores, from registers: smaller
             # query tiles, the widest tiles on 8 warps, 2 stages.
-            self.block_q, self.block_m_bwd = 32, 16
+            self.block_q, self.block_m_bwd, self.shared_n = 32, 16, 32
             warps = (8, warps, warps, 8)
             stages = (2, 2, 2, 2)
         else:
