@@ -270,16 +270,18 @@ def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
 
 @triton.jit
 def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
-             LOG_K: tl.constexpr):
+             LOG_K: tl.constexpr, SORTED: tl.constexpr):
     """The ``2**LOG_K`` largest of each row of ``x`` [2**LOG_R rows,
     2**LOG_N], descending: runs of ``2**LOG_K`` sorted in alternating
-    order, then the elementwise max of neighbouring runs (an ascending and
-    a descending one: it holds the largest of both as a bitonic run)
-    sorted again, until one run is left."""
+    order (``SORTED``: given so, a single run descending), then the
+    elementwise max of neighbouring runs (an ascending and a descending
+    one: it holds the largest of both as a bitonic run) sorted again,
+    until one run is left."""
     DIMS: tl.constexpr = LOG_R + LOG_N
     cube = tl.reshape(x, [2] * DIMS)
-    for run in tl.static_range(1, LOG_K + 1):
-        cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
+    if not SORTED:
+        for run in tl.static_range(1, LOG_K + 1):
+            cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
     for i in tl.static_range(LOG_N - LOG_K):
         cube = tl.max(cube, DIMS - 1 - i - LOG_K)  # neighbouring runs
         cube = _bitonic(cube, DIMS - 1 - i, LOG_K,
@@ -289,15 +291,17 @@ def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
 
 @triton.jit
 def _fold_topk(best, keys, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
-               LOG_K: tl.constexpr):
+               LOG_K: tl.constexpr, SORTED: tl.constexpr):
     """The ``2**LOG_K`` largest of ``best`` (ascending along its last axis)
-    and ``keys`` (any order, ``2**LOG_N`` along the last axis; both with
-    ``2**LOG_R`` rows), ascending: the elementwise max of an ascending and a
-    descending list holds the largest of both as a bitonic run, which one
-    bitonic merge sorts."""
+    and ``keys`` (``2**LOG_N`` along the last axis, any order; ``SORTED``:
+    runs of ``2**LOG_K`` sorted in alternating order, as :func:`_largest`
+    takes them; both with ``2**LOG_R`` rows), ascending: the elementwise
+    max of an ascending and a descending list holds the largest of both as
+    a bitonic run, which one bitonic merge sorts."""
     DIMS: tl.constexpr = LOG_R + LOG_K
     cube = tl.reshape(
-        tl.maximum(best, _largest(keys, LOG_R, LOG_N, LOG_K)), [2] * DIMS)
+        tl.maximum(best, _largest(keys, LOG_R, LOG_N, LOG_K, SORTED)),
+        [2] * DIMS)
     return tl.reshape(_bitonic(cube, DIMS, LOG_K, 0), best.shape)
 
 
@@ -495,7 +499,7 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
             if FUSED_TOPK:
                 best = _fold_topk(
                     best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
-                    LOG_L, LOG_N, LOG_K)
+                    LOG_L, LOG_N, LOG_K, False)
             if STORE_LOGITS:
                 tl.store(
                     KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
@@ -512,10 +516,11 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
             acc / l_i[:, None],
             mask=r_mask)
         tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
-        if FUSED_TOPK:
+        if FUSED_TOPK:  # descending in even splits, ascending in odd
+            offs_k = tl.arange(0, K_PAD)
+            offs_k = tl.where(split % 2 == 0, K_PAD - 1 - offs_k, offs_k)
             tl.store(
-                PART_TOP + part[:, None] * K_PAD +
-                tl.arange(0, K_PAD)[None, :],
+                PART_TOP + part[:, None] * K_PAD + offs_k[None, :],
                 best,
                 mask=l_mask[:, None])
     q_base = Q + _group_base(g, heads, sqb, sqh)
@@ -581,8 +586,10 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
                  LOG_K: tl.constexpr):
     """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S]), ``BLOCK_S`` lists at a
-    time."""
+    splits' lists (rows ``part ..`` of [G, m, S], sorted: descending in
+    even splits, ascending in odd ones), ``BLOCK_S`` lists at a time: a
+    tile of lists is already in the alternating runs a bitonic merge
+    takes."""
     BLOCK_S: tl.constexpr = 2**LOG_S
     K_PAD: tl.constexpr = 2**LOG_K
     offs_s = tl.arange(0, BLOCK_S)
@@ -594,7 +601,7 @@ def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
             mask=(s0 + offs_s < splits)[:, None],
             other=LOWEST)
         best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
-                          LOG_S + LOG_K, LOG_K)
+                          LOG_S + LOG_K, LOG_K, True)
     # The k largest are the last k (ascending).
     tl.store(
         TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
