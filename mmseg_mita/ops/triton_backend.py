@@ -681,7 +681,10 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
     """The queries of split ``split`` written to their slots: an expert's
     queries fill its blocks in token order, so a query's slot is its
     expert's first slot, plus its expert's queries in earlier splits, plus
-    its rank among them in this split (experts ``E_TILE`` at a time)."""
+    its rank among them in this split (experts ``E_TILE`` at a time; in a
+    tile of ``BLOCK_I`` queries, the next free slot of each expert,
+    gathered, plus the earlier queries of the tile with the same
+    expert)."""
     start = split * chunk
     end = tl.minimum(start + chunk, n)
     group_slots = SLOTS + g.to(tl.int64) * slots_per_group
@@ -694,14 +697,18 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
         blocks = _blocks_of(totals, BLOCK)
         slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier
         first_block += tl.sum(blocks, 0)
+        offs_t = tl.arange(0, BLOCK_I)
         for i0 in range(start, end, BLOCK_I):
-            offs_i = i0 + tl.arange(0, BLOCK_I)
-            expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1)
-            hit = (expert[:, None] == offs_e[None, :]).to(tl.int32)
-            rank = tl.cumsum(hit, 0) - hit  # earlier queries of the expert
-            tl.store(group_slots + tl.sum(hit * (rank + slot[None, :]), 1),
-                     offs_i, mask=tl.sum(hit, 1) > 0)
-            slot += tl.sum(hit, 0)
+            offs_i = i0 + offs_t
+            expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1) - e0
+            mine = (expert >= 0) & (expert < E_TILE)
+            expert = tl.where(mine, expert, 0)
+            before = (expert[:, None] == expert[None, :]) & (
+                offs_t[None, :] < offs_t[:, None]) & mine[None, :]
+            tl.store(
+                group_slots + tl.gather(slot, expert, 0) +
+                tl.sum(before.to(tl.int32), 1), offs_i, mask=mine)
+            slot += tl.histogram(expert, E_TILE, mask=mine)
 
 
 @triton.jit(do_not_specialize=[
