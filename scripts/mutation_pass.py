@@ -401,10 +401,9 @@ MUTATIONS = [
      'cube = _bitonic(cube, DIMS, run, 1)', TRITON_TOPK),
     ('Triton top-k: the k smallest of the list written', TRITON,
      'mask=offs_k >= K_PAD - k)', 'mask=offs_k < k)', TRITON_TOPK),
-    ('Triton top-k: split lists all stored ascending (merge takes them as '
-     'alternating runs)', TRITON,
-     'offs_k = tl.where(split % 2 == 0, K_PAD - 1 - offs_k, offs_k)',
-     'offs_k = offs_k', TRITON_TOPK),
+    ('Triton top-k merge: split lists all read ascending (not alternating '
+     'runs)', TRITON, 'offs_run = tl.where((offs_s % 2 == 0)[:, None]',
+     'offs_run = tl.where((offs_s < 0)[:, None]', TRITON_TOPK),
     ('TRITON_INTERPRET set after a test module imports triton',
      'tests/conftest.py', "    os.environ.setdefault('TRITON_INTERPRET', '1')",
      '    pass', [

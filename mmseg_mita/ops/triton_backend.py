@@ -516,11 +516,10 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
             acc / l_i[:, None],
             mask=r_mask)
         tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
-        if FUSED_TOPK:  # descending in even splits, ascending in odd
-            offs_k = tl.arange(0, K_PAD)
-            offs_k = tl.where(split % 2 == 0, K_PAD - 1 - offs_k, offs_k)
+        if FUSED_TOPK:
             tl.store(
-                PART_TOP + part[:, None] * K_PAD + offs_k[None, :],
+                PART_TOP + part[:, None] * K_PAD +
+                tl.arange(0, K_PAD)[None, :],
                 best,
                 mask=l_mask[:, None])
     q_base = Q + _group_base(g, heads, sqb, sqh)
@@ -586,18 +585,21 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
                  LOG_K: tl.constexpr):
     """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S], sorted: descending in
-    even splits, ascending in odd ones), ``BLOCK_S`` lists at a time: a
-    tile of lists is already in the alternating runs a bitonic merge
-    takes."""
+    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``BLOCK_S``
+    lists at a time, every other one read backwards: a tile of lists is
+    then in the alternating sorted runs a bitonic merge takes."""
     BLOCK_S: tl.constexpr = 2**LOG_S
     K_PAD: tl.constexpr = 2**LOG_K
     offs_s = tl.arange(0, BLOCK_S)
     offs_k = tl.arange(0, K_PAD)
+    # Descending in even places of the tile (a lone list too), ascending in
+    # odd ones.
+    offs_run = tl.where((offs_s % 2 == 0)[:, None],
+                        K_PAD - 1 - offs_k[None, :], offs_k[None, :])
     best = tl.full([K_PAD], LOWEST, tl.int64)
     for s0 in range(0, splits, BLOCK_S):
         lists = tl.load(
-            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_k[None, :],
+            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
             mask=(s0 + offs_s < splits)[:, None],
             other=LOWEST)
         best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
