@@ -263,8 +263,9 @@ def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
     for i in tl.static_range(RUN):  # bit RUN - 1 - i: axis DIMS - RUN + i
         partner = tl.sum(cube, DIMS - RUN + i, keep_dims=True) - cube
         first = (_bit(DIMS, RUN - 1 - i) ^ down) == 0
-        cube = tl.where(first, tl.minimum(cube, partner),
-                        tl.maximum(cube, partner))
+        # The first of a pair keeps the smaller: it takes its partner when
+        # it is the larger (and the second when it is the smaller).
+        cube = tl.where((cube > partner) == first, partner, cube)
     return cube
 
 
