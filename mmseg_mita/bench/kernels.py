@@ -43,9 +43,19 @@ balanced, N / m queries per expert). Loop trip counts of a program whose
 trips vary (``_pool``'s bin patches, ``_merge``'s expert and split work)
 are their mean.
 
-Full attention (FlashAttention) at the same shape: 4 N^2 d FLOPs per head
-forward, 2.5 times that forward+backward; bytes of q, k, v, o forward, plus
-dO, dq, dk, dv backward; its roofline at the same peak.
+Full attention at the same shape, what exact attention must do (a lower
+bound, at the same peak; its forward+backward is the sum of the two
+stages' rooflines, as dO only exists once the forward has ended). Per
+head, forward: ``S = Q K^T`` and ``O = P V``, 2 matmuls of 2 N^2 d FLOPs;
+reads q, k, v, writes o and the log-sum-exp of each row (float32, what
+the backward needs to rebuild P). Backward: ``dV = P^T dO``, ``dP = dO
+V^T``, ``dQ = dS K``, ``dK = dS^T Q`` (4 matmuls) and P itself, either
+recomputed (``Q K^T`` again: 2 d FLOPs an entry) or stored by the forward
+and read back (at least 2 + 2 bytes an entry in 16 bits); recomputing is
+the cheaper for ``d < 2 x peak / bandwidth`` (412 on the H200: every
+head_dim up to 128), so the bound is 5 matmuls, 2.5 times the forward's
+FLOPs (what FlashAttention-2 and -3 do); reads q, k, v, o (for ``rowsum(dO
+* O)``), dO and the log-sum-exp, writes dq, dk, dv.
 
 :data:`TARGETS` are checked on the H200, forward+backward.
 """
@@ -280,15 +290,20 @@ def roofline(moved: float, flops: float, dtype: str,
 
 def attention_roofline(shape: CallShape, dtype: str, stage: str) -> dict:
     """Full attention's bytes, FLOPs and roofline at ``shape`` (see the
-    module docstring) for ``stage`` 'forward', 'backward' or 'total'."""
+    module docstring) for ``stage`` 'forward', 'backward' or 'total' (the
+    sum of the two)."""
     per_tensor = shape.groups * shape.tokens * shape.head_dim * \
         ELEMENT_BYTES[dtype]
+    lse = shape.groups * shape.tokens * ELEMENT_BYTES['float32']
     flops = 4 * shape.tokens**2 * shape.head_dim * shape.groups
-    moved, flops = dict(forward=(4 * per_tensor, flops),
-                        backward=(4 * per_tensor, 1.5 * flops),
-                        total=(8 * per_tensor, 2.5 * flops))[stage]
-    return dict(bytes=moved, flops=flops,
-                roofline_s=roofline(moved, flops, dtype))
+    stages = dict(forward=(4 * per_tensor + lse, flops),
+                  backward=(8 * per_tensor + lse, 2.5 * flops))
+    if stage != 'total':
+        moved, flops = stages[stage]
+        return dict(bytes=moved, flops=flops,
+                    roofline_s=roofline(moved, flops, dtype))
+    parts = [attention_roofline(shape, dtype, s) for s in stages]
+    return {key: sum(p[key] for p in parts) for key in parts[0]}
 
 
 def model_of(name: str) -> KernelModel:

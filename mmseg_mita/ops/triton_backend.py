@@ -263,23 +263,26 @@ def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
     for i in tl.static_range(RUN):  # bit RUN - 1 - i: axis DIMS - RUN + i
         partner = tl.sum(cube, DIMS - RUN + i, keep_dims=True) - cube
         first = (_bit(DIMS, RUN - 1 - i) ^ down) == 0
-        cube = tl.where(first, tl.minimum(cube, partner),
-                        tl.maximum(cube, partner))
+        # The first of a pair keeps the smaller: it takes its partner when
+        # it is the larger (and the second when it is the smaller).
+        cube = tl.where((cube > partner) == first, partner, cube)
     return cube
 
 
 @triton.jit
 def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
-             LOG_K: tl.constexpr):
+             LOG_K: tl.constexpr, SORTED: tl.constexpr):
     """The ``2**LOG_K`` largest of each row of ``x`` [2**LOG_R rows,
     2**LOG_N], descending: runs of ``2**LOG_K`` sorted in alternating
-    order, then the elementwise max of neighbouring runs (an ascending and
-    a descending one: it holds the largest of both as a bitonic run)
-    sorted again, until one run is left."""
+    order (``SORTED``: given so, a single run descending), then the
+    elementwise max of neighbouring runs (an ascending and a descending
+    one: it holds the largest of both as a bitonic run) sorted again,
+    until one run is left."""
     DIMS: tl.constexpr = LOG_R + LOG_N
     cube = tl.reshape(x, [2] * DIMS)
-    for run in tl.static_range(1, LOG_K + 1):
-        cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
+    if not SORTED:
+        for run in tl.static_range(1, LOG_K + 1):
+            cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
     for i in tl.static_range(LOG_N - LOG_K):
         cube = tl.max(cube, DIMS - 1 - i - LOG_K)  # neighbouring runs
         cube = _bitonic(cube, DIMS - 1 - i, LOG_K,
@@ -289,15 +292,17 @@ def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
 
 @triton.jit
 def _fold_topk(best, keys, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
-               LOG_K: tl.constexpr):
+               LOG_K: tl.constexpr, SORTED: tl.constexpr):
     """The ``2**LOG_K`` largest of ``best`` (ascending along its last axis)
-    and ``keys`` (any order, ``2**LOG_N`` along the last axis; both with
-    ``2**LOG_R`` rows), ascending: the elementwise max of an ascending and a
-    descending list holds the largest of both as a bitonic run, which one
-    bitonic merge sorts."""
+    and ``keys`` (``2**LOG_N`` along the last axis, any order; ``SORTED``:
+    runs of ``2**LOG_K`` sorted in alternating order, as :func:`_largest`
+    takes them; both with ``2**LOG_R`` rows), ascending: the elementwise
+    max of an ascending and a descending list holds the largest of both as
+    a bitonic run, which one bitonic merge sorts."""
     DIMS: tl.constexpr = LOG_R + LOG_K
     cube = tl.reshape(
-        tl.maximum(best, _largest(keys, LOG_R, LOG_N, LOG_K)), [2] * DIMS)
+        tl.maximum(best, _largest(keys, LOG_R, LOG_N, LOG_K, SORTED)),
+        [2] * DIMS)
     return tl.reshape(_bitonic(cube, DIMS, LOG_K, 0), best.shape)
 
 
@@ -495,7 +500,7 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
             if FUSED_TOPK:
                 best = _fold_topk(
                     best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
-                    LOG_L, LOG_N, LOG_K)
+                    LOG_L, LOG_N, LOG_K, False)
             if STORE_LOGITS:
                 tl.store(
                     KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
@@ -581,20 +586,25 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
                  LOG_K: tl.constexpr):
     """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S]), ``BLOCK_S`` lists at a
-    time."""
+    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``BLOCK_S``
+    lists at a time, every other one read backwards: a tile of lists is
+    then in the alternating sorted runs a bitonic merge takes."""
     BLOCK_S: tl.constexpr = 2**LOG_S
     K_PAD: tl.constexpr = 2**LOG_K
     offs_s = tl.arange(0, BLOCK_S)
     offs_k = tl.arange(0, K_PAD)
+    # Descending in even places of the tile (a lone list too), ascending in
+    # odd ones.
+    offs_run = tl.where((offs_s % 2 == 0)[:, None],
+                        K_PAD - 1 - offs_k[None, :], offs_k[None, :])
     best = tl.full([K_PAD], LOWEST, tl.int64)
     for s0 in range(0, splits, BLOCK_S):
         lists = tl.load(
-            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_k[None, :],
+            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
             mask=(s0 + offs_s < splits)[:, None],
             other=LOWEST)
         best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
-                          LOG_S + LOG_K, LOG_K)
+                          LOG_S + LOG_K, LOG_K, True)
     # The k largest are the last k (ascending).
     tl.store(
         TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
@@ -674,7 +684,10 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
     """The queries of split ``split`` written to their slots: an expert's
     queries fill its blocks in token order, so a query's slot is its
     expert's first slot, plus its expert's queries in earlier splits, plus
-    its rank among them in this split (experts ``E_TILE`` at a time)."""
+    its rank among them in this split (experts ``E_TILE`` at a time; in a
+    tile of ``BLOCK_I`` queries, the next free slot of each expert,
+    gathered, plus the earlier queries of the tile with the same
+    expert)."""
     start = split * chunk
     end = tl.minimum(start + chunk, n)
     group_slots = SLOTS + g.to(tl.int64) * slots_per_group
@@ -687,14 +700,18 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
         blocks = _blocks_of(totals, BLOCK)
         slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier
         first_block += tl.sum(blocks, 0)
+        offs_t = tl.arange(0, BLOCK_I)
         for i0 in range(start, end, BLOCK_I):
-            offs_i = i0 + tl.arange(0, BLOCK_I)
-            expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1)
-            hit = (expert[:, None] == offs_e[None, :]).to(tl.int32)
-            rank = tl.cumsum(hit, 0) - hit  # earlier queries of the expert
-            tl.store(group_slots + tl.sum(hit * (rank + slot[None, :]), 1),
-                     offs_i, mask=tl.sum(hit, 1) > 0)
-            slot += tl.sum(hit, 0)
+            offs_i = i0 + offs_t
+            expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1) - e0
+            mine = (expert >= 0) & (expert < E_TILE)
+            expert = tl.where(mine, expert, 0)
+            before = (expert[:, None] == expert[None, :]) & (
+                offs_t[None, :] < offs_t[:, None]) & mine[None, :]
+            tl.store(
+                group_slots + tl.gather(slot, expert, 0) +
+                tl.sum(before.to(tl.int32), 1), offs_i, mask=mine)
+            slot += tl.histogram(expert, E_TILE, mask=mine)
 
 
 @triton.jit(do_not_specialize=[
@@ -987,11 +1004,14 @@ class _Config:
         largest = 32 if dtype == torch.float32 else 64
         self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
         self.block_m = self.block
-        self.block_m_bwd = min(self.block, 32)
+        self.block_m_bwd = self.block
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
         self.block_n_bwd = 32
         self.keys_n = self.block_n
-        self.shared_n = self.pool_n = 32
+        # _shared_bwd: 64 keys a program on sm_90 (half the programs adding
+        # into dR); 32 elsewhere (64 spills on sm_89, on 4 or 8 warps).
+        self.shared_n = 64 if arch == 90 and self.block_d <= 64 else 32
+        self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
         self.block_q = self.block_p = 64
         self.block_i = 32
@@ -999,11 +1019,13 @@ class _Config:
         if dtype == torch.float32:
             # IEEE float32 dots run on CUDA cores, from registers: smaller
             # query tiles, the widest tiles on 8 warps, 2 stages.
-            self.block_q, self.block_m_bwd = 32, 16
+            self.block_q, self.block_m_bwd, self.shared_n = 32, 16, 32
             warps = (8, warps, warps, 8)
             stages = (2, 2, 2, 2)
         else:
-            warps = (warps, ) * 4
+            # The keys pass on sm_89 (and any other target): 8 warps (4
+            # spill its top-k fold).
+            warps = (warps if arch in (80, 90) else 8, warps, warps, warps)
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
             pool=dict(num_warps=4, num_stages=1),

@@ -79,12 +79,26 @@ def test_a_kernel_without_an_entry_is_refused():
 
 def test_attention_roofline():
     shape = CallShape(1025, batch=8)
+    tensor, lse = 48 * 1025 * 64 * 2, 48 * 1025 * 4
     fwd = kernels.attention_roofline(shape, 'bfloat16', 'forward')
-    assert fwd['flops'] == 4 * 1025**2 * 64 * 48
+    assert fwd['flops'] == 4 * 1025**2 * 64 * 48  # Q K^T, P V
+    assert fwd['bytes'] == 4 * tensor + lse  # q, k, v read; o, lse written
     assert fwd['roofline_s'] == pytest.approx(fwd['flops'] / 989e12)
+    bwd = kernels.attention_roofline(shape, 'bfloat16', 'backward')
+    assert bwd['flops'] == 2.5 * fwd['flops']  # Q K^T again, 4 gradients
+    assert bwd['bytes'] == 8 * tensor + lse  # q k v o dO lse; dq dk dv
     total = kernels.attention_roofline(shape, 'bfloat16', 'total')
-    assert total['flops'] == 2.5 * fwd['flops']
-    assert total['bytes'] == 8 * 48 * 1025 * 64 * 2
+    assert total['flops'] == 3.5 * fwd['flops']
+    assert total['bytes'] == 12 * tensor + 2 * lse
+    # Two launches: the sum of the stages' rooflines; at 65 tokens the
+    # forward is bound by its bytes, the backward too.
+    small = CallShape(65, batch=1)
+    stages = [kernels.attention_roofline(small, 'bfloat16', s)
+              for s in ('forward', 'backward', 'total')]
+    assert stages[0]['roofline_s'] == pytest.approx(stages[0]['bytes'] /
+                                                    4.8e12)
+    assert stages[2]['roofline_s'] == pytest.approx(
+        stages[0]['roofline_s'] + stages[1]['roofline_s'])
 
 
 def test_aten_bytes():
