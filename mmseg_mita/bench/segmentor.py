@@ -37,7 +37,7 @@ from .graphs import (add_compile_options, compile_options, graph_breaks,
                      reset_compiler)
 from .measure import peak_memory, summarize, tensor_bytes, time_interleaved
 from .record import device_name, document, finish, save
-from .report import ERROR, Column, Table, fixed
+from .report import ERROR, Column, Table, fixed, significant
 from .segmentors import (attention_variants, build, inference_step,
                          load_config, random_images, training_step)
 from .workloads import (HEADS, SEGMENTOR_CONFIGS, SEGMENTOR_WORKLOADS,
@@ -200,7 +200,7 @@ COLUMNS = [
     Column('torch.compile', lambda r: 'yes' if r['mode'] == 'compiled'
            else 'no', left=True),
     Column('Device', 'device', left=True),
-    fixed('fps', 'fps'),
+    significant('fps', 'fps'),
     Column('Mem (GB)', 'mem_bytes', lambda v: f'{v / 1e9:.2f}'),
     fixed('fps / SDPA', 'fps_vs_sdpa'),
     fixed('compiled / eager', 'compiled_speedup'),

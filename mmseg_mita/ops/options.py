@@ -9,7 +9,6 @@ backends that support it, and declaring which backends do (their
 ``BACKEND``, :class:`~.declaration.MiTABackend`).
 """
 import dataclasses
-from functools import lru_cache
 from typing import Mapping, Optional, Tuple
 
 from mmseg_mita.utils import (check_choice, check_flag, check_int,
@@ -74,18 +73,14 @@ class MiTAOptions:
         """These options for a patch grid ``hw`` smaller than the landmark
         grid: at most one landmark per patch along each axis (m shrinks),
         and at most m experts per query. Unchanged for a large enough
-        grid."""
-        return _fitted(self, tuple(int(s) for s in hw))
-
-
-@lru_cache(maxsize=256)
-def _fitted(options: MiTAOptions, hw: Tuple[int, int]) -> MiTAOptions:
-    pool = tuple(min(p, s) for p, s in zip(options.pool_size, hw))
-    if pool == options.pool_size:
-        return options
-    return dataclasses.replace(
-        options, pool_size=pool,
-        experts_per_query=min(options.experts_per_query, pool[0] * pool[1]))
+        grid (no copy: a layer calls this on every forward, also while
+        ``torch.compile`` traces it, so it is kept free of caches)."""
+        pool = tuple(min(p, int(s)) for p, s in zip(self.pool_size, hw))
+        if pool == self.pool_size:
+            return self
+        return dataclasses.replace(
+            self, pool_size=pool,
+            experts_per_query=min(self.experts_per_query, pool[0] * pool[1]))
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(MiTAOptions))

@@ -10,7 +10,7 @@ import pytest
 from mmseg_mita.bench import cli
 from mmseg_mita.bench.record import document, finish
 from mmseg_mita.bench.report import (Column, Curve, Panel, format_table,
-                                     plot_panels)
+                                     plot_panels, significant)
 
 SUBCOMMANDS = ('op', 'op-shapes', 'encoder', 'segmentor', 'scaling', 'onnx',
                'throughput-1d', 'launches', 'kernels', 'gpu')
@@ -120,6 +120,13 @@ def test_table_cells_formats_and_notes():
         'a note']
     assert format_table(rows, columns, True, notes=['a note']).splitlines(
     )[-2:] == ['', 'a note']
+
+
+def test_rates_keep_three_significant_digits():
+    column = significant('fps', 'fps')
+    cells = [column.cell(dict(fps=v))
+             for v in (0.015349, 0.8912, 12.345, 99.96, 999.6, 1234.4, 0.0)]
+    assert cells == ['0.0153', '0.891', '12.3', '100', '1000', '1234', '0']
 
 
 def test_plot_writes_a_png(tmp_path):
