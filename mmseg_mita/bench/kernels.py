@@ -111,6 +111,9 @@ class KernelModel(NamedTuple):
     flops: Callable[[Args], float]
     # Programs that do the work (the others return at once); all by default.
     programs: Optional[Callable[[Args], float]] = None
+    # The share of its atomics' lanes that are live (a masked lane moves no
+    # bytes: padding rows and head dims); 1 by default.
+    atomic_share: Optional[Callable[[Args], float]] = None
 
 
 def _bin_sizes(a: Args) -> List[int]:
@@ -131,10 +134,19 @@ def _routed_rows(a: Args) -> int:
 
 
 def _expert_programs(a: Args) -> int:
-    """Programs (``BLOCK_M`` slots of a block) whose block has an expert,
-    when every expert gets N / m queries."""
-    blocks = min(a.num_blocks, a.m * cdiv(cdiv(a.n, a.m), a.BLOCK))
-    return a.G * blocks * (a.BLOCK // a.BLOCK_M)
+    """Programs (``BLOCK_M`` slots of a block) whose slots hold a query,
+    when every expert gets N / m queries (an expert's queries fill its
+    slots first; the others return at once)."""
+    return a.G * min(a.slots_per_group // a.BLOCK_M,
+                     a.m * cdiv(cdiv(a.n, a.m), a.BLOCK_M))
+
+
+def _live_share(a: Args, rows: Sequence[int], tile: int) -> float:
+    """The share of an atomic's lanes that are live when each loop adds
+    ``rows`` rows (of d columns) in tiles of ``tile`` rows (of ``BLOCK_D``
+    columns), the same bytes per trip: masked lanes move no bytes."""
+    return (sum(rows) / sum(cdiv(r, tile) * tile for r in rows) * a.d /
+            a.BLOCK_D)
 
 
 def _layout_bytes(a: Args) -> int:
@@ -218,7 +230,8 @@ KERNELS: Dict[str, KernelModel] = {
             a.n * 4 + a.m * a.k * a.size('TOPK') + _layout_bytes(a) +
             (a.n + 2 * _routed_rows(a) + 2 * a.m) * a.d * a.size('DQ_ACC')),
         flops=lambda a: a.G * 10 * a.n * (a.m + a.k) * a.d,
-        programs=_expert_programs),
+        programs=_expert_programs,
+        atomic_share=lambda a: _live_share(a, [a.m, a.k], a.BLOCK_N)),
     # Loop: the landmarks. Reads K, V, R, Vt, their lse, dVt and the routed
     # dk, dv sums; writes dk, dv and adds dR.
     '_shared_bwd': KernelModel(
@@ -226,7 +239,8 @@ KERNELS: Dict[str, KernelModel] = {
         bytes=lambda a: a.G * (
             (4 * a.n + 2 * a.m) * a.d * a.size('K') + a.m * 4 +
             (2 * a.n + 2 * a.m) * a.d * a.size('DK_ACC')),
-        flops=lambda a: a.G * 10 * a.m * a.n * a.d),
+        flops=lambda a: a.G * 10 * a.m * a.n * a.d,
+        atomic_share=lambda a: _live_share(a, [a.m], a.BLOCK_L)),
     # No loop: the (at most 2 x 2) bins of a patch, gathered. Reads dq
     # (float32) and dR; writes dq.
     '_pool_bwd': KernelModel(
@@ -368,7 +382,8 @@ def estimate(launch: dict, model: KernelModel, moved: float,
     per_sm = cdiv(programs, part.sms)
     cycles = per_sm * max(issue, tensor, spill) + cdiv(
         per_sm, resident) * work['gpu_fences'] * FENCE_CYCLES
-    traffic = moved + 2 * programs * warps * work['atomic_bytes']
+    share = model.atomic_share(args) if model.atomic_share else 1.0
+    traffic = moved + 2 * programs * warps * work['atomic_bytes'] * share
     busy = min(programs, part.sms) / part.sms
     memory = traffic / (part.hbm_bytes_per_s * busy) if programs else 0.0
     out.update(issue_cycles=issue, tensor_cycles=tensor, spill_cycles=spill,

@@ -351,13 +351,16 @@ def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
            BLOCK_D: tl.constexpr):
     """The ``BLOCK_M`` slots of this program (grid: group, ``BLOCK_M``
     slots; ``BLOCK_M`` divides the layout's ``BLOCK``): its group, its
-    expert (-1 unused), its queries' rows (int64, 0 where empty) and mask,
-    the head-dim offsets and mask, and the queries."""
+    expert (-1 when the slots hold no query: an unused block, or the empty
+    end of an expert's last block, as its queries fill its slots first),
+    its queries' rows (int64, 0 where empty) and mask, the head-dim offsets
+    and mask, and the queries."""
     g = tl.program_id(0)
     tile = tl.program_id(1)
     expert = tl.load(BLOCK_EXPERT + g * num_blocks + tile * BLOCK_M // BLOCK)
-    rows = tl.load(SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M +
-                   tl.arange(0, BLOCK_M))
+    first = SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M
+    expert = tl.where(tl.load(first) < 0, -1, expert)
+    rows = tl.load(first + tl.arange(0, BLOCK_M))
     row_mask = rows >= 0
     rows = tl.where(row_mask, rows, 0).to(tl.int64)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
@@ -1002,8 +1005,13 @@ class _Config:
         # (exact IEEE products, no tensor cores: the accurate path, not
         # the fast one) uses 32: 64-wide IEEE dots take 3x the compile time.
         largest = 32 if dtype == torch.float32 else 64
-        self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
-        self.block_m = self.block
+        # The backward adds its expert's key and landmark gradients once a
+        # block: with head_dim <= 64, blocks of up to 128 queries (8 warps),
+        # half the float32 atomics of 64 where experts are that large; the
+        # forward takes them 64 at a time.
+        widest = 128 if largest == 64 and self.block_d <= 64 else largest
+        self.block = min(widest, max(16, _next_pow2(_cdiv(n, m))))
+        self.block_m = min(self.block, largest)
         self.block_m_bwd = self.block
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
         self.block_n_bwd = 32
@@ -1025,7 +1033,8 @@ class _Config:
         else:
             # The keys pass on sm_89 (and any other target): 8 warps (4
             # spill its top-k fold).
-            warps = (warps if arch in (80, 90) else 8, warps, warps, warps)
+            warps = (warps if arch in (80, 90) else 8, warps,
+                     8 if self.block_m_bwd > 64 else warps, warps)
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
             pool=dict(num_warps=4, num_stages=1),
