@@ -189,14 +189,17 @@ KERNELS: Dict[str, KernelModel] = {
             sum(cdiv(size, a.BLOCK_P) for size in _bin_sizes(a)) / a.m],
         bytes=lambda a: a.G * (a.hgt * a.wid + a.m) * a.d * a.size('Q'),
         flops=lambda a: a.G * a.hgt * a.wid * a.d),
-    # Loops: the landmark tiles and, in each, the split's key tiles; the
-    # split's query tiles and, in each, the landmark tiles of the routing.
-    # Reads q, K, V and R; writes the experts of the queries and what the
-    # merge reads (and R K^T, float32, when k is too large to fuse).
+    # Loops: the full landmark tiles and, in each, the split's key tiles;
+    # the key tiles of the last, partial landmark tile (if any); the split's
+    # query tiles and, in each, the landmark tiles of the routing. Reads q,
+    # K, V and R; writes the experts of the queries and what the merge reads
+    # (and R K^T, float32, when k is too large to fuse).
     '_keys': KernelModel(
         trips=lambda a: [
-            cdiv(a.m, 2**a.LOG_L), a.n / a.grid[1] / 2**a.LOG_N,
-            a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
+            a.m // 2**a.LOG_L if a.LOG_LAST >= 0 else cdiv(a.m, 2**a.LOG_L),
+            a.n / a.grid[1] / 2**a.LOG_N] +
+        ([a.n / a.grid[1] / 2**a.LOG_N] if a.LOG_LAST >= 0 else []) +
+        [a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
         bytes=lambda a: a.G * (
             (3 * a.n + a.m) * a.d * a.size('Q') + a.n * 4 +
             _split_bytes(a, a.grid[1]) +

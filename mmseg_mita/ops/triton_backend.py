@@ -188,21 +188,24 @@ def _bin_bounds(offs_l, hgt, wid, ph, pw):
 
 
 @triton.jit
-def _bin_size(offs_l, hgt, wid, ph, pw):
-    """Patches in the bin of landmark ``offs_l``."""
-    r0, r1, c0, c1 = _bin_bounds(offs_l, hgt, wid, ph, pw)
-    return (r1 - r0) * (c1 - c0)
-
-
-@triton.jit
-def _first_bin(x, length, p):
-    """First of the (at most two, as ``p <= length``) adaptive bins of an
-    axis of ``length`` in ``p`` bins that hold coordinate ``x``: bin i holds
-    x iff ``floor(i L / p) <= x < ceil((i + 1) L / p)``, i.e. ``floor(x p /
-    L) <= i <= floor(((x + 1) p - 1) / L)``; and whether the next bin holds
-    it too."""
+def _axis_bins(x, length, p):
+    """The (at most two, as ``p <= length``) adaptive bins of an axis of
+    ``length`` in ``p`` bins that hold coordinate ``x`` (>= 0): bin i holds x
+    iff ``floor(i L / p) <= x < ceil((i + 1) L / p)``, i.e. ``floor(x p / L)
+    <= i <= floor(((x + 1) p - 1) / L)``. Returns the first (int32), whether
+    the next holds ``x`` too, and the lengths of both (int32); unsigned
+    divisions, cheaper than signed ones."""
+    x = x.to(tl.uint32)
+    length = length.to(tl.uint32)
+    p = p.to(tl.uint32)
     first = x * p // length
-    return first, first < ((x + 1) * p - 1) // length
+    two = first < ((x + 1) * p - 1) // length
+    start = first * length // p
+    next_start = (first + 1) * length // p
+    end = ((first + 1) * length + p - 1) // p
+    next_end = ((first + 2) * length + p - 1) // p
+    return (first.to(tl.int32), two, (end - start).to(tl.int32),
+            (next_end - next_start).to(tl.int32))
 
 
 @triton.jit
@@ -458,24 +461,95 @@ def _pool(Q, R, m, d, heads, first, hgt, wid, ph, pw, sqb, sqh, sqn,
         mask=d_mask)
 
 
+@triton.jit
+def _first_rows(x, LOG_R: tl.constexpr, LOG_F: tl.constexpr):
+    """The first ``2**LOG_F`` rows of ``x`` [2**LOG_R, C] (float32), exact:
+    the others are summed in as zeros."""
+    cube = tl.reshape(x, [2**(LOG_R - LOG_F), 2**LOG_F, x.shape[1]])
+    first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 0
+    return tl.sum(tl.where(first, cube, 0.0), 0)
+
+
+@triton.jit
+def _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
+                   n, m, d, start, end, split, splits, k_base, v_base, skn,
+                   svn, offs_d, d_mask, qk_scale, FUSED_TOPK: tl.constexpr,
+                   STORE_LOGITS: tl.constexpr, LOG_L: tl.constexpr,
+                   LOG_F: tl.constexpr, LOG_N: tl.constexpr,
+                   LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Landmarks ``l0 ..`` (a tile of ``2**LOG_L``) over the keys ``start ..
+    end`` of a split: their partial softmax and, for the first ``2**LOG_F``
+    of them (all but in the last tile, where the others are padding), their
+    top ``K_PAD`` keys."""
+    BLOCK_L: tl.constexpr = 2**LOG_L
+    BLOCK_N: tl.constexpr = 2**LOG_N
+    K_PAD: tl.constexpr = 2**LOG_K
+    offs_l = l0 + tl.arange(0, BLOCK_L)
+    r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d, d_mask)
+    marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
+    m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
+    l_i = tl.zeros([BLOCK_L], tl.float32)
+    acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
+    best = tl.full([2**LOG_F, K_PAD], LOWEST, tl.int64)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
+                          d_mask)
+        values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
+                            d_mask)
+        logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+        if FUSED_TOPK:
+            ranked = logits
+            if LOG_F < LOG_L:
+                ranked = _first_rows(logits, LOG_L, LOG_F)
+            best = _fold_topk(
+                best, _ranked(ranked, offs_n[None, :], n_mask[None, :]),
+                LOG_F, LOG_N, LOG_K, False)
+        if STORE_LOGITS:
+            tl.store(
+                KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
+                offs_n[None, :],
+                logits,
+                mask=l_mask[:, None] & n_mask[None, :])
+        logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
+        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
+                                        PRECISION, UPCAST)
+    part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
+    tl.store(
+        PART_O + part[:, None] * d + offs_d[None, :],
+        acc / l_i[:, None],
+        mask=r_mask)
+    tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
+    if FUSED_TOPK:
+        offs_f = l0 + tl.arange(0, 2**LOG_F)
+        tl.store(
+            PART_TOP + ((g * m + offs_f).to(tl.int64) * splits +
+                        split)[:, None] * K_PAD +
+            tl.arange(0, K_PAD)[None, :],
+            best,
+            mask=(offs_f < m)[:, None])
+
+
 @triton.jit(do_not_specialize=['n', 'chunk'])
 def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
           KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb, skh, skn,
           svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
           FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
-          LOG_L: tl.constexpr, LOG_N: tl.constexpr, BLOCK_Q: tl.constexpr,
-          E_TILE: tl.constexpr, M_PAD: tl.constexpr, LOG_K: tl.constexpr,
-          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-          UPCAST: tl.constexpr):
+          LOG_L: tl.constexpr, LOG_LAST: tl.constexpr, LOG_N: tl.constexpr,
+          BLOCK_Q: tl.constexpr, E_TILE: tl.constexpr, M_PAD: tl.constexpr,
+          LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+          PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
     (grid: G, S): per landmark, the partial softmax of ``s R K^T`` over its
     keys (output and log-sum-exp) and their top ``K_PAD`` (``FUSED_TOPK``;
     ``STORE_LOGITS``: ``R K^T`` stored instead); then the expert of each of
     its queries (``ROUTE``; else the ids in ``GIVEN``) and their count per
-    expert."""
+    expert. Landmarks in tiles of ``2**LOG_L``; a last, partial tile
+    (``LOG_LAST`` >= 0; else it is one of the others) folds only its first
+    ``2**LOG_LAST`` rows, which hold its landmarks."""
     BLOCK_L: tl.constexpr = 2**LOG_L  # landmarks per tile
-    BLOCK_N: tl.constexpr = 2**LOG_N  # keys per tile
-    K_PAD: tl.constexpr = 2**LOG_K  # the length of a top-k list
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -483,49 +557,21 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
     end = tl.minimum(start + chunk, n)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
-    for l0 in range(0, m, BLOCK_L):
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
-                                                d_mask)
-        marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
-        m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
-        l_i = tl.zeros([BLOCK_L], tl.float32)
-        acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-        best = tl.full([BLOCK_L, K_PAD], LOWEST, tl.int64)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn,
-                              offs_d, d_mask)
-            values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn,
-                                offs_d, d_mask)
-            logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
-            if FUSED_TOPK:
-                best = _fold_topk(
-                    best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
-                    LOG_L, LOG_N, LOG_K, False)
-            if STORE_LOGITS:
-                tl.store(
-                    KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-                    offs_n[None, :],
-                    logits,
-                    mask=l_mask[:, None] & n_mask[None, :])
-            logits = tl.where(n_mask[None, :], logits * qk_scale,
-                              -float('inf'))
-            m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
-                                            PRECISION, UPCAST)
-        part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
-        tl.store(
-            PART_O + part[:, None] * d + offs_d[None, :],
-            acc / l_i[:, None],
-            mask=r_mask)
-        tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
-        if FUSED_TOPK:
-            tl.store(
-                PART_TOP + part[:, None] * K_PAD +
-                tl.arange(0, K_PAD)[None, :],
-                best,
-                mask=l_mask[:, None])
+    full = m
+    if LOG_LAST >= 0:
+        full = m // BLOCK_L * BLOCK_L
+    for l0 in range(0, full, BLOCK_L):
+        _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
+                       n, m, d, start, end, split, splits, k_base, v_base, skn,
+                       svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
+                       STORE_LOGITS, LOG_L, LOG_L, LOG_N, LOG_K, BLOCK_D,
+                       PRECISION, UPCAST)
+    if LOG_LAST >= 0:
+        _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g,
+                       full, n, m, d, start, end, split, splits, k_base,
+                       v_base, skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
+                       STORE_LOGITS, LOG_L, LOG_LAST, LOG_N, LOG_K, BLOCK_D,
+                       PRECISION, UPCAST)
     q_base = Q + _group_base(g, heads, sqb, sqh)
     counts = tl.zeros([M_PAD], tl.int32)
     for i0 in range(start, end, BLOCK_Q):
@@ -905,21 +951,29 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
     dq = tl.load(DQ_ACC + offs, mask=mask, other=0.0)
     patch = offs_t - first
     is_patch = (patch >= 0) & (patch < hgt * wid) & (offs_t < n)
-    patch = tl.where(is_patch, patch, 0)
-    bi, two_rows = _first_bin(patch // wid, hgt, ph)
-    bj, two_cols = _first_bin(patch % wid, wid, pw)
+    patch = tl.where(is_patch, patch, 0).to(tl.uint32)
+    row = patch // wid.to(tl.uint32)
+    bi, two_rows, rows0, rows1 = _axis_bins(row, hgt, ph)
+    bj, two_cols, cols0, cols1 = _axis_bins(patch - row * wid, wid, pw)
     for di in tl.static_range(2):
         for dj in tl.static_range(2):
             held = is_patch
+            size = rows0
             if di == 1:
                 held = held & two_rows
+                size = rows1
             if dj == 1:
                 held = held & two_cols
+                size = size * cols1
+            else:
+                size = size * cols0
             j = (bi + di) * pw + bj + dj
-            size = tl.where(held, _bin_size(j, hgt, wid, ph, pw), 1)
+            # dR / bin size, as a product with the size's reciprocal.
+            weight = tl.where(held, 1.0 / size.to(tl.float32), 0.0)
             r_offs, r_mask = _row_offsets(
                 (g * m + j).to(tl.int64), held, d, offs_d, d_mask)
-            dq += tl.load(DR + r_offs, mask=r_mask, other=0.0) / size[:, None]
+            dq += weight[:, None] * tl.load(
+                DR + r_offs, mask=r_mask, other=0.0)
     tl.store(DQ + offs, _cast(dq, DQ.dtype.element_ty, UPCAST), mask=mask)
 
 
@@ -985,6 +1039,13 @@ class _Config:
         else:
             self._gpu_tiles(n, m, dtype, arch)
         self.block_l = 16  # landmarks per tile of the keys pass
+        # The rows of a last, partial tile that its top-k fold keeps (the
+        # landmarks it holds, rounded up to a power of two); -1: none, or
+        # folded whole (sm_89 and other targets: the second copy of the
+        # fold spills there).
+        last = m % self.block_l
+        self.log_last = (_log2(_next_pow2(last)) if last and arch in (
+            None, 80, 90) else -1)
         if self.fused_topk:  # a top-k fold needs at least K_PAD keys
             self.keys_n = max(self.keys_n, self.k_pad)
         # Splits of the keys pass: two waves of programs over the groups (a
@@ -1133,7 +1194,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
         *_strides(q), *_strides(k), *_strides(v), qk_scale,
         ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
-        LOG_L=_log2(cfg.block_l), LOG_N=_log2(cfg.keys_n),
+        LOG_L=_log2(cfg.block_l), LOG_LAST=cfg.log_last,
+        LOG_N=_log2(cfg.keys_n),
         BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile, M_PAD=cfg.m_pad,
         LOG_K=_log2(cfg.k_pad),
         BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
