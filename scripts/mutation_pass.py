@@ -370,6 +370,8 @@ MUTATIONS = [
      TRITON, 'first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 0',
      'first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 1',
      TRITON_REF),
+    ('Triton top-k merge: a partial tile of lists folded twice', TRITON,
+     'full = splits // BLOCK_S * BLOCK_S', 'full = splits', TRITON_TEST),
     ('Triton routing argmax over the padding experts too', TRITON,
      "scores = tl.where(l_mask[None, :], scores, -float('inf'))",
      'scores = scores', TRITON_TEST),

@@ -171,7 +171,10 @@ def _merge_trips(a: Args) -> List[float]:
     experts = a.m / a.grid[1]
     sorts = a.splits / a.grid[1]
     tiles = cdiv(a.splits, 2**a.LOG_S) * experts
-    return ([tiles, tiles] + ([tiles] if a.FUSED_TOPK else []) + [
+    # The top-k lists' full tiles (a last, partial one is folded apart).
+    full = (a.splits // 2**a.LOG_S * experts
+            if a.LOG_S_LAST >= 0 else tiles)
+    return ([tiles, tiles] + ([full] if a.FUSED_TOPK else []) + [
         tiles, experts, experts, 1 / a.grid[1], 1 / a.grid[1],
         cdiv(a.m, a.E_TILE) * sorts,
         cdiv(a.splits, 2**a.LOG_S),

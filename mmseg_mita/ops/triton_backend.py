@@ -519,7 +519,7 @@ def _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
     part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
     tl.store(
         PART_O + part[:, None] * d + offs_d[None, :],
-        acc / l_i[:, None],
+        acc * (1.0 / l_i)[:, None],
         mask=r_mask)
     tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
     if FUSED_TOPK:
@@ -632,12 +632,12 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 
 
 @triton.jit
-def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
-                 LOG_K: tl.constexpr):
-    """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``BLOCK_S``
-    lists at a time, every other one read backwards: a tile of lists is
-    then in the alternating sorted runs a bitonic merge takes."""
+def _fold_lists(best, PART_TOP, part, s0, splits, LOG_S: tl.constexpr,
+                LOG_K: tl.constexpr):
+    """``best`` (ascending) folded with the splits' lists ``s0 .. s0 +
+    2**LOG_S`` (rows ``part + s0 ..`` of [G, m, S], ascending), every other
+    one read backwards: the tile is then in the alternating sorted runs a
+    bitonic merge takes."""
     BLOCK_S: tl.constexpr = 2**LOG_S
     K_PAD: tl.constexpr = 2**LOG_K
     offs_s = tl.arange(0, BLOCK_S)
@@ -646,14 +646,33 @@ def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
     # odd ones.
     offs_run = tl.where((offs_s % 2 == 0)[:, None],
                         K_PAD - 1 - offs_k[None, :], offs_k[None, :])
+    lists = tl.load(
+        PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
+        mask=(s0 + offs_s < splits)[:, None],
+        other=LOWEST)
+    return _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
+                      LOG_S + LOG_K, LOG_K, True)
+
+
+@triton.jit
+def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
+                 LOG_S_LAST: tl.constexpr, LOG_K: tl.constexpr):
+    """The ``k`` largest keys of landmark ``row`` (token indices) from the
+    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``2**LOG_S``
+    lists at a time; a last, partial tile (``LOG_S_LAST`` >= 0; else it is
+    one of the others) of ``2**LOG_S_LAST``."""
+    BLOCK_S: tl.constexpr = 2**LOG_S
+    K_PAD: tl.constexpr = 2**LOG_K
+    offs_k = tl.arange(0, K_PAD)
     best = tl.full([K_PAD], LOWEST, tl.int64)
-    for s0 in range(0, splits, BLOCK_S):
-        lists = tl.load(
-            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
-            mask=(s0 + offs_s < splits)[:, None],
-            other=LOWEST)
-        best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
-                          LOG_S + LOG_K, LOG_K, True)
+    full = splits
+    if LOG_S_LAST >= 0:
+        full = splits // BLOCK_S * BLOCK_S
+    for s0 in range(0, full, BLOCK_S):
+        best = _fold_lists(best, PART_TOP, part, s0, splits, LOG_S, LOG_K)
+    if LOG_S_LAST >= 0:
+        best = _fold_lists(best, PART_TOP, part, full, splits, LOG_S_LAST,
+                           LOG_K)
     # The k largest are the last k (ascending).
     tl.store(
         TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
@@ -769,7 +788,8 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
 def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
            BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
            num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
-           LOG_S: tl.constexpr, BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+           LOG_S: tl.constexpr, LOG_S_LAST: tl.constexpr,
+           BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
            M_PAD: tl.constexpr, LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
            UPCAST: tl.constexpr):
     """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
@@ -784,7 +804,8 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
         _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
                        2**LOG_S, BLOCK_D, UPCAST)
         if FUSED_TOPK:
-            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S, LOG_K)
+            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S,
+                         LOG_S_LAST, LOG_K)
         _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
                        slots_per_group, num_blocks, BLOCK, 2**LOG_S, BLOCK_I,
                        M_PAD)
@@ -833,7 +854,7 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     o_offs, o_mask = _row_offsets(out_rows, row_mask, d, offs_d, d_mask)
     tl.store(
         OUT + o_offs,
-        _cast(acc / l_i[:, None], OUT.dtype.element_ty, UPCAST),
+        _cast(acc * (1.0 / l_i)[:, None], OUT.dtype.element_ty, UPCAST),
         mask=o_mask)
     tl.store(LSE + out_rows, m_i + tl.log2(l_i), mask=row_mask)
 
@@ -1057,7 +1078,12 @@ class _Config:
             _cdiv(_cdiv(n, _cdiv(programs, groups)), self.keys_n) *
             self.keys_n)
         self.splits = _cdiv(n, self.chunk)
-        self.block_s = min(16, _next_pow2(self.splits))  # splits per tile
+        # Splits per tile of the merge (2 in the interpreter: several tiles
+        # and a last, partial one); a last, partial tile of the top-k lists
+        # folds the lists it holds, rounded up to a power of two (-1: none).
+        self.block_s = min(2 if arch is None else 16, _next_pow2(self.splits))
+        rest = self.splits % self.block_s
+        self.log_s_last = _log2(_next_pow2(rest)) if rest else -1
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
@@ -1079,7 +1105,7 @@ class _Config:
         self.keys_n = self.block_n
         # _shared_bwd: 64 keys a program on sm_90 (half the programs adding
         # into dR); 32 elsewhere (64 spills on sm_89, on 4 or 8 warps).
-        self.shared_n = 64 if arch == 90 and self.block_d <= 64 else 32
+        self.shared_n = 128 if arch == 90 and self.block_d <= 64 else 32
         self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
         self.block_q = self.block_p = 64
@@ -1095,7 +1121,8 @@ class _Config:
             # The keys pass on sm_89 (and any other target): 8 warps (4
             # spill its top-k fold).
             warps = (warps if arch in (80, 90) else 8, warps,
-                     8 if self.block_m_bwd > 64 else warps, warps)
+                     8 if self.block_m_bwd > 64 else warps,
+                     8 if self.shared_n > 64 else warps)
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
             pool=dict(num_warps=4, num_stages=1),
@@ -1214,7 +1241,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
         topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
         cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
-        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s), BLOCK_I=cfg.block_i,
+        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s),
+        LOG_S_LAST=cfg.log_s_last, BLOCK_I=cfg.block_i,
         E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad),
         BLOCK_D=cfg.block_d,
         UPCAST=cfg.upcast, **cfg.launch('merge'))
