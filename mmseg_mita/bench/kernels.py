@@ -162,6 +162,12 @@ def _split_bytes(a: Args, splits: int) -> int:
     return splits * (a.m * (a.d + 1) * 4 + top + a.M_PAD * 4)
 
 
+def _later_key_tiles(a: Args) -> float:
+    """Key tiles of a split after its first (which the keys pass folds
+    apart), on average."""
+    return max(0.0, a.n / a.grid[1] / 2**a.LOG_N - 1)
+
+
 def _merge_trips(a: Args) -> List[float]:
     """``_merge``'s loops, per program on average (programs below m merge an
     expert, those below S sort a split's queries): the split tiles of the
@@ -192,16 +198,17 @@ KERNELS: Dict[str, KernelModel] = {
             sum(cdiv(size, a.BLOCK_P) for size in _bin_sizes(a)) / a.m],
         bytes=lambda a: a.G * (a.hgt * a.wid + a.m) * a.d * a.size('Q'),
         flops=lambda a: a.G * a.hgt * a.wid * a.d),
-    # Loops: the full landmark tiles and, in each, the split's key tiles;
-    # the key tiles of the last, partial landmark tile (if any); the split's
+    # Loops: the full landmark tiles and, in each, the split's key tiles
+    # after its first; the same of the last, partial landmark tile (if any);
+    # the split's
     # query tiles and, in each, the landmark tiles of the routing. Reads q,
     # K, V and R; writes the experts of the queries and what the merge reads
     # (and R K^T, float32, when k is too large to fuse).
     '_keys': KernelModel(
         trips=lambda a: [
             a.m // 2**a.LOG_L if a.LOG_LAST >= 0 else cdiv(a.m, 2**a.LOG_L),
-            a.n / a.grid[1] / 2**a.LOG_N] +
-        ([a.n / a.grid[1] / 2**a.LOG_N] if a.LOG_LAST >= 0 else []) +
+            _later_key_tiles(a)] +
+        ([_later_key_tiles(a)] if a.LOG_LAST >= 0 else []) +
         [a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
         bytes=lambda a: a.G * (
             (3 * a.n + a.m) * a.d * a.size('Q') + a.n * 4 +

@@ -13,8 +13,10 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    log-sum-exp, as in flash-decoding) and a running top-``K_PAD`` list per
    landmark (int64 keys: the order-preserving bits of the float32 logit
    above ``2^32 - 1 - token``, so ties go to the lower token and NaN ranks
-   above every number, as in ``torch.topk``; a key tile is folded in by one
-   ``tl.topk`` and one bitonic merge). Then it routes its own queries,
+   above every number, as in ``torch.topk``; the split's first key tile,
+   sorted, starts the lists, each later one is folded in by a bitonic
+   top-k and one bitonic merge; a last, partial landmark tile folds only
+   the rows that hold landmarks). Then it routes its own queries,
    ``argmax_j q . R_j`` (the first index on ties; a NaN score counts as
    +inf, so an all-NaN row goes to expert 0, as ``torch.argmax`` sends it;
    an id outside ``[0, m)``, what a compiled argmax may return for a row it
@@ -22,7 +24,8 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    them per expert;
 3. ``_merge``, grid (G, max(m, S)): program ``p < m`` merges expert ``p``'s
    S partial softmaxes into its shared values ``Vt`` and their log-sum-exp
-   (saved for the backward) and its S top-k lists into its ``k`` keys, and
+   (saved for the backward) and its S top-k lists into its ``k`` keys (a
+   tile of lists at a time, a last, partial tile apart), and
    marks its blocks; program ``p < S`` writes the queries of split ``p``
    to their slots, a stable counting sort: a query's slot is its expert's
    first slot (after the blocks of the experts before it, from the splits'
@@ -34,9 +37,10 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    ``slots`` maps slot -> query (-1 empty), ``block_expert`` block ->
    expert (-1 unused);
 4. ``_experts_fwd``, one program per ``BLOCK_M`` slots (a part of one
-   block): ONE online softmax (float32, base 2) over the ``m`` compressed
-   logits ``s^2 q . R`` (recomputed from ``R``: cheaper than storing
-   [G, N, m]) with values ``Vt`` and the expert's ``k`` routed keys, read
+   block; it returns at once if they hold no query): ONE online softmax
+   (float32, base 2) over the ``m`` compressed logits ``s^2 q . R``
+   (recomputed from ``R``: cheaper than storing [G, N, m]) with values
+   ``Vt`` and the expert's ``k`` routed keys, read
    by index from K and V; writes the output and its log-sum-exp.
 
 For ``k > 64`` (:data:`TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
@@ -274,22 +278,23 @@ def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
 
 @triton.jit
 def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
-             LOG_K: tl.constexpr, SORTED: tl.constexpr):
+             LOG_K: tl.constexpr, SORTED: tl.constexpr,
+             LAST: tl.constexpr = 1):
     """The ``2**LOG_K`` largest of each row of ``x`` [2**LOG_R rows,
-    2**LOG_N], descending: runs of ``2**LOG_K`` sorted in alternating
-    order (``SORTED``: given so, a single run descending), then the
-    elementwise max of neighbouring runs (an ascending and a descending
-    one: it holds the largest of both as a bitonic run) sorted again,
-    until one run is left."""
+    2**LOG_N], descending (``LAST`` 1; ascending: 0): runs of ``2**LOG_K``
+    sorted in alternating order (``SORTED``: given so, a single run
+    descending), then the elementwise max of neighbouring runs (an
+    ascending and a descending one: it holds the largest of both as a
+    bitonic run) sorted again, until one run is left."""
     DIMS: tl.constexpr = LOG_R + LOG_N
     cube = tl.reshape(x, [2] * DIMS)
     if not SORTED:
         for run in tl.static_range(1, LOG_K + 1):
-            cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
+            cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else LAST)
     for i in tl.static_range(LOG_N - LOG_K):
         cube = tl.max(cube, DIMS - 1 - i - LOG_K)  # neighbouring runs
         cube = _bitonic(cube, DIMS - 1 - i, LOG_K,
-                        2 if i + 1 < LOG_N - LOG_K else 1)
+                        2 if i + 1 < LOG_N - LOG_K else LAST)
     return tl.reshape(cube, x.shape[:-1] + [2**LOG_K])
 
 
@@ -451,10 +456,12 @@ def _pool(Q, R, m, d, heads, first, hgt, wid, ph, pw, sqb, sqh, sqn,
     total = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
     for i0 in range(0, size, BLOCK_P):
         offs_i = i0 + tl.arange(0, BLOCK_P)
-        rows = first + (r0 + offs_i // bin_wid) * wid + c0 + offs_i % bin_wid
+        # The patch's row in the bin (unsigned: cheaper), then its column.
+        bin_row = (offs_i.to(tl.uint32) // bin_wid.to(tl.uint32)).to(tl.int32)
+        rows = first + (r0 + bin_row) * wid + c0 + offs_i - bin_row * bin_wid
         total += _load_rows(q_base, rows.to(tl.int64), offs_i < size, sqn,
                             offs_d, d_mask).to(tl.float32)
-    mark = tl.sum(total, 0) / size
+    mark = tl.sum(total, 0) * (1.0 / size)
     tl.store(
         R + (g * m + j).to(tl.int64) * d + offs_d,
         _cast(mark, R.dtype.element_ty, UPCAST),
@@ -465,9 +472,39 @@ def _pool(Q, R, m, d, heads, first, hgt, wid, ph, pw, sqb, sqh, sqn,
 def _first_rows(x, LOG_R: tl.constexpr, LOG_F: tl.constexpr):
     """The first ``2**LOG_F`` rows of ``x`` [2**LOG_R, C] (float32), exact:
     the others are summed in as zeros."""
+    if LOG_F == LOG_R:
+        return x
     cube = tl.reshape(x, [2**(LOG_R - LOG_F), 2**LOG_F, x.shape[1]])
     first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 0
     return tl.sum(tl.where(first, cube, 0.0), 0)
+
+
+@triton.jit
+def _key_tile(K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks,
+              m_i, l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask,
+              qk_scale, STORE_LOGITS: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Keys ``n0 .. n0 + BLOCK_N`` (before ``end``) against the landmarks
+    ``marks``: folded into their partial softmax (``m_i``, ``l_i``,
+    ``acc``; ``STORE_LOGITS``: ``R K^T`` stored too). Returns ``R K^T``,
+    the keys' offsets and mask, and the softmax state."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
+                      d_mask)
+    values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
+                        d_mask)
+    logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+    if STORE_LOGITS:
+        tl.store(
+            KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
+            offs_n[None, :],
+            logits,
+            mask=l_mask[:, None] & n_mask[None, :])
+    scaled = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
+    m_i, l_i, acc = _online_softmax(m_i, l_i, acc, scaled, values, PRECISION,
+                                    UPCAST)
+    return logits, offs_n, n_mask, m_i, l_i, acc
 
 
 @triton.jit
@@ -491,31 +528,26 @@ def _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
     m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
     l_i = tl.zeros([BLOCK_L], tl.float32)
     acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-    best = tl.full([2**LOG_F, K_PAD], LOWEST, tl.int64)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
-                          d_mask)
-        values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
-                            d_mask)
-        logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+    # The first key tile (a split has one at least): its largest keys,
+    # ascending, start the lists.
+    logits, offs_n, n_mask, m_i, l_i, acc = _key_tile(
+        K, V, KEY_LOGITS, g, start, n, m, end, offs_l, l_mask, marks, m_i,
+        l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
+        STORE_LOGITS, BLOCK_N, PRECISION, UPCAST)
+    if FUSED_TOPK:
+        best = _largest(
+            _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
+                    n_mask[None, :]), LOG_F, LOG_N, LOG_K, False, 0)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+        logits, offs_n, n_mask, m_i, l_i, acc = _key_tile(
+            K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks, m_i,
+            l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
+            STORE_LOGITS, BLOCK_N, PRECISION, UPCAST)
         if FUSED_TOPK:
-            ranked = logits
-            if LOG_F < LOG_L:
-                ranked = _first_rows(logits, LOG_L, LOG_F)
             best = _fold_topk(
-                best, _ranked(ranked, offs_n[None, :], n_mask[None, :]),
-                LOG_F, LOG_N, LOG_K, False)
-        if STORE_LOGITS:
-            tl.store(
-                KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-                offs_n[None, :],
-                logits,
-                mask=l_mask[:, None] & n_mask[None, :])
-        logits = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
-        m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
-                                        PRECISION, UPCAST)
+                best,
+                _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
+                        n_mask[None, :]), LOG_F, LOG_N, LOG_K, False)
     part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
     tl.store(
         PART_O + part[:, None] * d + offs_d[None, :],
@@ -1026,7 +1058,7 @@ _SMS = {80: 108, 89: 128, 90: 132}
 # bf16 / fp16 per target: the most that fit its shared memory per block
 # (sm_89: 99 KiB) and compile without register spills; an unknown target
 # gets sm_89's.
-_STAGES = {80: (3, 3, 3, 3), 89: (2, 2, 2, 2), 90: (3, 3, 2, 2)}
+_STAGES = {80: (2, 3, 3, 3), 89: (2, 2, 2, 2), 90: (2, 3, 2, 2)}
 # The launches of a forward and a backward, in order.
 KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
            'pool_bwd')
@@ -1108,7 +1140,8 @@ class _Config:
         self.shared_n = 128 if arch == 90 and self.block_d <= 64 else 32
         self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
-        self.block_q = self.block_p = 64
+        self.block_q = 64
+        self.block_p = 32  # patches a trip of the pooling: a bin holds N / m
         self.block_i = 32
         warps = 4 if self.block_d <= 64 else 8
         if dtype == torch.float32:
