@@ -111,6 +111,9 @@ class KernelModel(NamedTuple):
     flops: Callable[[Args], float]
     # Programs that do the work (the others return at once); all by default.
     programs: Optional[Callable[[Args], float]] = None
+    # The share of its atomics' lanes that are live (a masked lane moves no
+    # bytes: padding rows and head dims); 1 by default.
+    atomic_share: Optional[Callable[[Args], float]] = None
 
 
 def _bin_sizes(a: Args) -> List[int]:
@@ -131,10 +134,19 @@ def _routed_rows(a: Args) -> int:
 
 
 def _expert_programs(a: Args) -> int:
-    """Programs (``BLOCK_M`` slots of a block) whose block has an expert,
-    when every expert gets N / m queries."""
-    blocks = min(a.num_blocks, a.m * cdiv(cdiv(a.n, a.m), a.BLOCK))
-    return a.G * blocks * (a.BLOCK // a.BLOCK_M)
+    """Programs (``BLOCK_M`` slots of a block) whose slots hold a query,
+    when every expert gets N / m queries (an expert's queries fill its
+    slots first; the others return at once)."""
+    return a.G * min(a.slots_per_group // a.BLOCK_M,
+                     a.m * cdiv(cdiv(a.n, a.m), a.BLOCK_M))
+
+
+def _live_share(a: Args, rows: Sequence[int], tile: int) -> float:
+    """The share of an atomic's lanes that are live when each loop adds
+    ``rows`` rows (of d columns) in tiles of ``tile`` rows (of ``BLOCK_D``
+    columns), the same bytes per trip: masked lanes move no bytes."""
+    return (sum(rows) / sum(cdiv(r, tile) * tile for r in rows) * a.d /
+            a.BLOCK_D)
 
 
 def _layout_bytes(a: Args) -> int:
@@ -150,6 +162,12 @@ def _split_bytes(a: Args, splits: int) -> int:
     return splits * (a.m * (a.d + 1) * 4 + top + a.M_PAD * 4)
 
 
+def _later_key_tiles(a: Args) -> float:
+    """Key tiles of a split after its first (which the keys pass folds
+    apart), on average."""
+    return max(0.0, a.n / a.grid[1] / 2**a.LOG_N - 1)
+
+
 def _merge_trips(a: Args) -> List[float]:
     """``_merge``'s loops, per program on average (programs below m merge an
     expert, those below S sort a split's queries): the split tiles of the
@@ -159,7 +177,10 @@ def _merge_trips(a: Args) -> List[float]:
     experts = a.m / a.grid[1]
     sorts = a.splits / a.grid[1]
     tiles = cdiv(a.splits, 2**a.LOG_S) * experts
-    return ([tiles, tiles] + ([tiles] if a.FUSED_TOPK else []) + [
+    # The top-k lists' full tiles (a last, partial one is folded apart).
+    full = (a.splits // 2**a.LOG_S * experts
+            if a.LOG_S_LAST >= 0 else tiles)
+    return ([tiles, tiles] + ([full] if a.FUSED_TOPK else []) + [
         tiles, experts, experts, 1 / a.grid[1], 1 / a.grid[1],
         cdiv(a.m, a.E_TILE) * sorts,
         cdiv(a.splits, 2**a.LOG_S),
@@ -177,14 +198,18 @@ KERNELS: Dict[str, KernelModel] = {
             sum(cdiv(size, a.BLOCK_P) for size in _bin_sizes(a)) / a.m],
         bytes=lambda a: a.G * (a.hgt * a.wid + a.m) * a.d * a.size('Q'),
         flops=lambda a: a.G * a.hgt * a.wid * a.d),
-    # Loops: the landmark tiles and, in each, the split's key tiles; the
-    # split's query tiles and, in each, the landmark tiles of the routing.
-    # Reads q, K, V and R; writes the experts of the queries and what the
-    # merge reads (and R K^T, float32, when k is too large to fuse).
+    # Loops: the full landmark tiles and, in each, the split's key tiles
+    # after its first; the same of the last, partial landmark tile (if any);
+    # the split's
+    # query tiles and, in each, the landmark tiles of the routing. Reads q,
+    # K, V and R; writes the experts of the queries and what the merge reads
+    # (and R K^T, float32, when k is too large to fuse).
     '_keys': KernelModel(
         trips=lambda a: [
-            cdiv(a.m, 2**a.LOG_L), a.n / a.grid[1] / 2**a.LOG_N,
-            a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
+            a.m // 2**a.LOG_L if a.LOG_LAST >= 0 else cdiv(a.m, 2**a.LOG_L),
+            _later_key_tiles(a)] +
+        ([_later_key_tiles(a)] if a.LOG_LAST >= 0 else []) +
+        [a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
         bytes=lambda a: a.G * (
             (3 * a.n + a.m) * a.d * a.size('Q') + a.n * 4 +
             _split_bytes(a, a.grid[1]) +
@@ -218,7 +243,8 @@ KERNELS: Dict[str, KernelModel] = {
             a.n * 4 + a.m * a.k * a.size('TOPK') + _layout_bytes(a) +
             (a.n + 2 * _routed_rows(a) + 2 * a.m) * a.d * a.size('DQ_ACC')),
         flops=lambda a: a.G * 10 * a.n * (a.m + a.k) * a.d,
-        programs=_expert_programs),
+        programs=_expert_programs,
+        atomic_share=lambda a: _live_share(a, [a.m, a.k], a.BLOCK_N)),
     # Loop: the landmarks. Reads K, V, R, Vt, their lse, dVt and the routed
     # dk, dv sums; writes dk, dv and adds dR.
     '_shared_bwd': KernelModel(
@@ -226,7 +252,8 @@ KERNELS: Dict[str, KernelModel] = {
         bytes=lambda a: a.G * (
             (4 * a.n + 2 * a.m) * a.d * a.size('K') + a.m * 4 +
             (2 * a.n + 2 * a.m) * a.d * a.size('DK_ACC')),
-        flops=lambda a: a.G * 10 * a.m * a.n * a.d),
+        flops=lambda a: a.G * 10 * a.m * a.n * a.d,
+        atomic_share=lambda a: _live_share(a, [a.m], a.BLOCK_L)),
     # No loop: the (at most 2 x 2) bins of a patch, gathered. Reads dq
     # (float32) and dR; writes dq.
     '_pool_bwd': KernelModel(
@@ -368,7 +395,8 @@ def estimate(launch: dict, model: KernelModel, moved: float,
     per_sm = cdiv(programs, part.sms)
     cycles = per_sm * max(issue, tensor, spill) + cdiv(
         per_sm, resident) * work['gpu_fences'] * FENCE_CYCLES
-    traffic = moved + 2 * programs * warps * work['atomic_bytes']
+    share = model.atomic_share(args) if model.atomic_share else 1.0
+    traffic = moved + 2 * programs * warps * work['atomic_bytes'] * share
     busy = min(programs, part.sms) / part.sms
     memory = traffic / (part.hbm_bytes_per_s * busy) if programs else 0.0
     out.update(issue_cycles=issue, tensor_cycles=tensor, spill_cycles=spill,

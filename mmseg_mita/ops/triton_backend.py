@@ -13,8 +13,10 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    log-sum-exp, as in flash-decoding) and a running top-``K_PAD`` list per
    landmark (int64 keys: the order-preserving bits of the float32 logit
    above ``2^32 - 1 - token``, so ties go to the lower token and NaN ranks
-   above every number, as in ``torch.topk``; a key tile is folded in by one
-   ``tl.topk`` and one bitonic merge). Then it routes its own queries,
+   above every number, as in ``torch.topk``; the split's first key tile,
+   sorted, starts the lists, each later one is folded in by a bitonic
+   top-k and one bitonic merge; a last, partial landmark tile folds only
+   the rows that hold landmarks). Then it routes its own queries,
    ``argmax_j q . R_j`` (the first index on ties; a NaN score counts as
    +inf, so an all-NaN row goes to expert 0, as ``torch.argmax`` sends it;
    an id outside ``[0, m)``, what a compiled argmax may return for a row it
@@ -22,7 +24,8 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    them per expert;
 3. ``_merge``, grid (G, max(m, S)): program ``p < m`` merges expert ``p``'s
    S partial softmaxes into its shared values ``Vt`` and their log-sum-exp
-   (saved for the backward) and its S top-k lists into its ``k`` keys, and
+   (saved for the backward) and its S top-k lists into its ``k`` keys (a
+   tile of lists at a time, a last, partial tile apart), and
    marks its blocks; program ``p < S`` writes the queries of split ``p``
    to their slots, a stable counting sort: a query's slot is its expert's
    first slot (after the blocks of the experts before it, from the splits'
@@ -34,9 +37,10 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    ``slots`` maps slot -> query (-1 empty), ``block_expert`` block ->
    expert (-1 unused);
 4. ``_experts_fwd``, one program per ``BLOCK_M`` slots (a part of one
-   block): ONE online softmax (float32, base 2) over the ``m`` compressed
-   logits ``s^2 q . R`` (recomputed from ``R``: cheaper than storing
-   [G, N, m]) with values ``Vt`` and the expert's ``k`` routed keys, read
+   block; it returns at once if they hold no query): ONE online softmax
+   (float32, base 2) over the ``m`` compressed logits ``s^2 q . R``
+   (recomputed from ``R``: cheaper than storing [G, N, m]) with values
+   ``Vt`` and the expert's ``k`` routed keys, read
    by index from K and V; writes the output and its log-sum-exp.
 
 For ``k > 64`` (:data:`TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
@@ -188,21 +192,24 @@ def _bin_bounds(offs_l, hgt, wid, ph, pw):
 
 
 @triton.jit
-def _bin_size(offs_l, hgt, wid, ph, pw):
-    """Patches in the bin of landmark ``offs_l``."""
-    r0, r1, c0, c1 = _bin_bounds(offs_l, hgt, wid, ph, pw)
-    return (r1 - r0) * (c1 - c0)
-
-
-@triton.jit
-def _first_bin(x, length, p):
-    """First of the (at most two, as ``p <= length``) adaptive bins of an
-    axis of ``length`` in ``p`` bins that hold coordinate ``x``: bin i holds
-    x iff ``floor(i L / p) <= x < ceil((i + 1) L / p)``, i.e. ``floor(x p /
-    L) <= i <= floor(((x + 1) p - 1) / L)``; and whether the next bin holds
-    it too."""
+def _axis_bins(x, length, p):
+    """The (at most two, as ``p <= length``) adaptive bins of an axis of
+    ``length`` in ``p`` bins that hold coordinate ``x`` (>= 0): bin i holds x
+    iff ``floor(i L / p) <= x < ceil((i + 1) L / p)``, i.e. ``floor(x p / L)
+    <= i <= floor(((x + 1) p - 1) / L)``. Returns the first (int32), whether
+    the next holds ``x`` too, and the lengths of both (int32); unsigned
+    divisions, cheaper than signed ones."""
+    x = x.to(tl.uint32)
+    length = length.to(tl.uint32)
+    p = p.to(tl.uint32)
     first = x * p // length
-    return first, first < ((x + 1) * p - 1) // length
+    two = first < ((x + 1) * p - 1) // length
+    start = first * length // p
+    next_start = (first + 1) * length // p
+    end = ((first + 1) * length + p - 1) // p
+    next_end = ((first + 2) * length + p - 1) // p
+    return (first.to(tl.int32), two, (end - start).to(tl.int32),
+            (next_end - next_start).to(tl.int32))
 
 
 @triton.jit
@@ -271,22 +278,23 @@ def _bitonic(cube, DIMS: tl.constexpr, RUN: tl.constexpr,
 
 @triton.jit
 def _largest(x, LOG_R: tl.constexpr, LOG_N: tl.constexpr,
-             LOG_K: tl.constexpr, SORTED: tl.constexpr):
+             LOG_K: tl.constexpr, SORTED: tl.constexpr,
+             LAST: tl.constexpr = 1):
     """The ``2**LOG_K`` largest of each row of ``x`` [2**LOG_R rows,
-    2**LOG_N], descending: runs of ``2**LOG_K`` sorted in alternating
-    order (``SORTED``: given so, a single run descending), then the
-    elementwise max of neighbouring runs (an ascending and a descending
-    one: it holds the largest of both as a bitonic run) sorted again,
-    until one run is left."""
+    2**LOG_N], descending (``LAST`` 1; ascending: 0): runs of ``2**LOG_K``
+    sorted in alternating order (``SORTED``: given so, a single run
+    descending), then the elementwise max of neighbouring runs (an
+    ascending and a descending one: it holds the largest of both as a
+    bitonic run) sorted again, until one run is left."""
     DIMS: tl.constexpr = LOG_R + LOG_N
     cube = tl.reshape(x, [2] * DIMS)
     if not SORTED:
         for run in tl.static_range(1, LOG_K + 1):
-            cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else 1)
+            cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else LAST)
     for i in tl.static_range(LOG_N - LOG_K):
         cube = tl.max(cube, DIMS - 1 - i - LOG_K)  # neighbouring runs
         cube = _bitonic(cube, DIMS - 1 - i, LOG_K,
-                        2 if i + 1 < LOG_N - LOG_K else 1)
+                        2 if i + 1 < LOG_N - LOG_K else LAST)
     return tl.reshape(cube, x.shape[:-1] + [2**LOG_K])
 
 
@@ -351,13 +359,16 @@ def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
            BLOCK_D: tl.constexpr):
     """The ``BLOCK_M`` slots of this program (grid: group, ``BLOCK_M``
     slots; ``BLOCK_M`` divides the layout's ``BLOCK``): its group, its
-    expert (-1 unused), its queries' rows (int64, 0 where empty) and mask,
-    the head-dim offsets and mask, and the queries."""
+    expert (-1 when the slots hold no query: an unused block, or the empty
+    end of an expert's last block, as its queries fill its slots first),
+    its queries' rows (int64, 0 where empty) and mask, the head-dim offsets
+    and mask, and the queries."""
     g = tl.program_id(0)
     tile = tl.program_id(1)
     expert = tl.load(BLOCK_EXPERT + g * num_blocks + tile * BLOCK_M // BLOCK)
-    rows = tl.load(SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M +
-                   tl.arange(0, BLOCK_M))
+    first = SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M
+    expert = tl.where(tl.load(first) < 0, -1, expert)
+    rows = tl.load(first + tl.arange(0, BLOCK_M))
     row_mask = rows >= 0
     rows = tl.where(row_mask, rows, 0).to(tl.int64)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
@@ -445,14 +456,112 @@ def _pool(Q, R, m, d, heads, first, hgt, wid, ph, pw, sqb, sqh, sqn,
     total = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
     for i0 in range(0, size, BLOCK_P):
         offs_i = i0 + tl.arange(0, BLOCK_P)
-        rows = first + (r0 + offs_i // bin_wid) * wid + c0 + offs_i % bin_wid
+        # The patch's row in the bin (unsigned: cheaper), then its column.
+        bin_row = (offs_i.to(tl.uint32) // bin_wid.to(tl.uint32)).to(tl.int32)
+        rows = first + (r0 + bin_row) * wid + c0 + offs_i - bin_row * bin_wid
         total += _load_rows(q_base, rows.to(tl.int64), offs_i < size, sqn,
                             offs_d, d_mask).to(tl.float32)
-    mark = tl.sum(total, 0) / size
+    mark = tl.sum(total, 0) * (1.0 / size)
     tl.store(
         R + (g * m + j).to(tl.int64) * d + offs_d,
         _cast(mark, R.dtype.element_ty, UPCAST),
         mask=d_mask)
+
+
+@triton.jit
+def _first_rows(x, LOG_R: tl.constexpr, LOG_F: tl.constexpr):
+    """The first ``2**LOG_F`` rows of ``x`` [2**LOG_R, C] (float32), exact:
+    the others are summed in as zeros."""
+    if LOG_F == LOG_R:
+        return x
+    cube = tl.reshape(x, [2**(LOG_R - LOG_F), 2**LOG_F, x.shape[1]])
+    first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 0
+    return tl.sum(tl.where(first, cube, 0.0), 0)
+
+
+@triton.jit
+def _key_tile(K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks,
+              m_i, l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask,
+              qk_scale, STORE_LOGITS: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Keys ``n0 .. n0 + BLOCK_N`` (before ``end``) against the landmarks
+    ``marks``: folded into their partial softmax (``m_i``, ``l_i``,
+    ``acc``; ``STORE_LOGITS``: ``R K^T`` stored too). Returns ``R K^T``,
+    the keys' offsets and mask, and the softmax state."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
+                      d_mask)
+    values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
+                        d_mask)
+    logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+    if STORE_LOGITS:
+        tl.store(
+            KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
+            offs_n[None, :],
+            logits,
+            mask=l_mask[:, None] & n_mask[None, :])
+    scaled = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
+    m_i, l_i, acc = _online_softmax(m_i, l_i, acc, scaled, values, PRECISION,
+                                    UPCAST)
+    return logits, offs_n, n_mask, m_i, l_i, acc
+
+
+@triton.jit
+def _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
+                   n, m, d, start, end, split, splits, k_base, v_base, skn,
+                   svn, offs_d, d_mask, qk_scale, FUSED_TOPK: tl.constexpr,
+                   STORE_LOGITS: tl.constexpr, LOG_L: tl.constexpr,
+                   LOG_F: tl.constexpr, LOG_N: tl.constexpr,
+                   LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Landmarks ``l0 ..`` (a tile of ``2**LOG_L``) over the keys ``start ..
+    end`` of a split: their partial softmax and, for the first ``2**LOG_F``
+    of them (all but in the last tile, where the others are padding), their
+    top ``K_PAD`` keys."""
+    BLOCK_L: tl.constexpr = 2**LOG_L
+    BLOCK_N: tl.constexpr = 2**LOG_N
+    K_PAD: tl.constexpr = 2**LOG_K
+    offs_l = l0 + tl.arange(0, BLOCK_L)
+    r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d, d_mask)
+    marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
+    m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
+    l_i = tl.zeros([BLOCK_L], tl.float32)
+    acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
+    # The first key tile (a split has one at least): its largest keys,
+    # ascending, start the lists.
+    logits, offs_n, n_mask, m_i, l_i, acc = _key_tile(
+        K, V, KEY_LOGITS, g, start, n, m, end, offs_l, l_mask, marks, m_i,
+        l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
+        STORE_LOGITS, BLOCK_N, PRECISION, UPCAST)
+    if FUSED_TOPK:
+        best = _largest(
+            _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
+                    n_mask[None, :]), LOG_F, LOG_N, LOG_K, False, 0)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+        logits, offs_n, n_mask, m_i, l_i, acc = _key_tile(
+            K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks, m_i,
+            l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
+            STORE_LOGITS, BLOCK_N, PRECISION, UPCAST)
+        if FUSED_TOPK:
+            best = _fold_topk(
+                best,
+                _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
+                        n_mask[None, :]), LOG_F, LOG_N, LOG_K, False)
+    part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
+    tl.store(
+        PART_O + part[:, None] * d + offs_d[None, :],
+        acc * (1.0 / l_i)[:, None],
+        mask=r_mask)
+    tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
+    if FUSED_TOPK:
+        offs_f = l0 + tl.arange(0, 2**LOG_F)
+        tl.store(
+            PART_TOP + ((g * m + offs_f).to(tl.int64) * splits +
+                        split)[:, None] * K_PAD +
+            tl.arange(0, K_PAD)[None, :],
+            best,
+            mask=(offs_f < m)[:, None])
 
 
 @triton.jit(do_not_specialize=['n', 'chunk'])
@@ -460,19 +569,19 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
           KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb, skh, skn,
           svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
           FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
-          LOG_L: tl.constexpr, LOG_N: tl.constexpr, BLOCK_Q: tl.constexpr,
-          E_TILE: tl.constexpr, M_PAD: tl.constexpr, LOG_K: tl.constexpr,
-          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-          UPCAST: tl.constexpr):
+          LOG_L: tl.constexpr, LOG_LAST: tl.constexpr, LOG_N: tl.constexpr,
+          BLOCK_Q: tl.constexpr, E_TILE: tl.constexpr, M_PAD: tl.constexpr,
+          LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+          PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
     (grid: G, S): per landmark, the partial softmax of ``s R K^T`` over its
     keys (output and log-sum-exp) and their top ``K_PAD`` (``FUSED_TOPK``;
     ``STORE_LOGITS``: ``R K^T`` stored instead); then the expert of each of
     its queries (``ROUTE``; else the ids in ``GIVEN``) and their count per
-    expert."""
+    expert. Landmarks in tiles of ``2**LOG_L``; a last, partial tile
+    (``LOG_LAST`` >= 0; else it is one of the others) folds only its first
+    ``2**LOG_LAST`` rows, which hold its landmarks."""
     BLOCK_L: tl.constexpr = 2**LOG_L  # landmarks per tile
-    BLOCK_N: tl.constexpr = 2**LOG_N  # keys per tile
-    K_PAD: tl.constexpr = 2**LOG_K  # the length of a top-k list
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -480,49 +589,21 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
     end = tl.minimum(start + chunk, n)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
-    for l0 in range(0, m, BLOCK_L):
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d,
-                                                d_mask)
-        marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
-        m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
-        l_i = tl.zeros([BLOCK_L], tl.float32)
-        acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-        best = tl.full([BLOCK_L, K_PAD], LOWEST, tl.int64)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn,
-                              offs_d, d_mask)
-            values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn,
-                                offs_d, d_mask)
-            logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
-            if FUSED_TOPK:
-                best = _fold_topk(
-                    best, _ranked(logits, offs_n[None, :], n_mask[None, :]),
-                    LOG_L, LOG_N, LOG_K, False)
-            if STORE_LOGITS:
-                tl.store(
-                    KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-                    offs_n[None, :],
-                    logits,
-                    mask=l_mask[:, None] & n_mask[None, :])
-            logits = tl.where(n_mask[None, :], logits * qk_scale,
-                              -float('inf'))
-            m_i, l_i, acc = _online_softmax(m_i, l_i, acc, logits, values,
-                                            PRECISION, UPCAST)
-        part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
-        tl.store(
-            PART_O + part[:, None] * d + offs_d[None, :],
-            acc / l_i[:, None],
-            mask=r_mask)
-        tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
-        if FUSED_TOPK:
-            tl.store(
-                PART_TOP + part[:, None] * K_PAD +
-                tl.arange(0, K_PAD)[None, :],
-                best,
-                mask=l_mask[:, None])
+    full = m
+    if LOG_LAST >= 0:
+        full = m // BLOCK_L * BLOCK_L
+    for l0 in range(0, full, BLOCK_L):
+        _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
+                       n, m, d, start, end, split, splits, k_base, v_base, skn,
+                       svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
+                       STORE_LOGITS, LOG_L, LOG_L, LOG_N, LOG_K, BLOCK_D,
+                       PRECISION, UPCAST)
+    if LOG_LAST >= 0:
+        _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g,
+                       full, n, m, d, start, end, split, splits, k_base,
+                       v_base, skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
+                       STORE_LOGITS, LOG_L, LOG_LAST, LOG_N, LOG_K, BLOCK_D,
+                       PRECISION, UPCAST)
     q_base = Q + _group_base(g, heads, sqb, sqh)
     counts = tl.zeros([M_PAD], tl.int32)
     for i0 in range(start, end, BLOCK_Q):
@@ -583,12 +664,12 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 
 
 @triton.jit
-def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
-                 LOG_K: tl.constexpr):
-    """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``BLOCK_S``
-    lists at a time, every other one read backwards: a tile of lists is
-    then in the alternating sorted runs a bitonic merge takes."""
+def _fold_lists(best, PART_TOP, part, s0, splits, LOG_S: tl.constexpr,
+                LOG_K: tl.constexpr):
+    """``best`` (ascending) folded with the splits' lists ``s0 .. s0 +
+    2**LOG_S`` (rows ``part + s0 ..`` of [G, m, S], ascending), every other
+    one read backwards: the tile is then in the alternating sorted runs a
+    bitonic merge takes."""
     BLOCK_S: tl.constexpr = 2**LOG_S
     K_PAD: tl.constexpr = 2**LOG_K
     offs_s = tl.arange(0, BLOCK_S)
@@ -597,14 +678,33 @@ def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
     # odd ones.
     offs_run = tl.where((offs_s % 2 == 0)[:, None],
                         K_PAD - 1 - offs_k[None, :], offs_k[None, :])
+    lists = tl.load(
+        PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
+        mask=(s0 + offs_s < splits)[:, None],
+        other=LOWEST)
+    return _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
+                      LOG_S + LOG_K, LOG_K, True)
+
+
+@triton.jit
+def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
+                 LOG_S_LAST: tl.constexpr, LOG_K: tl.constexpr):
+    """The ``k`` largest keys of landmark ``row`` (token indices) from the
+    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``2**LOG_S``
+    lists at a time; a last, partial tile (``LOG_S_LAST`` >= 0; else it is
+    one of the others) of ``2**LOG_S_LAST``."""
+    BLOCK_S: tl.constexpr = 2**LOG_S
+    K_PAD: tl.constexpr = 2**LOG_K
+    offs_k = tl.arange(0, K_PAD)
     best = tl.full([K_PAD], LOWEST, tl.int64)
-    for s0 in range(0, splits, BLOCK_S):
-        lists = tl.load(
-            PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
-            mask=(s0 + offs_s < splits)[:, None],
-            other=LOWEST)
-        best = _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
-                          LOG_S + LOG_K, LOG_K, True)
+    full = splits
+    if LOG_S_LAST >= 0:
+        full = splits // BLOCK_S * BLOCK_S
+    for s0 in range(0, full, BLOCK_S):
+        best = _fold_lists(best, PART_TOP, part, s0, splits, LOG_S, LOG_K)
+    if LOG_S_LAST >= 0:
+        best = _fold_lists(best, PART_TOP, part, full, splits, LOG_S_LAST,
+                           LOG_K)
     # The k largest are the last k (ascending).
     tl.store(
         TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
@@ -720,7 +820,8 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
 def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
            BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
            num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
-           LOG_S: tl.constexpr, BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+           LOG_S: tl.constexpr, LOG_S_LAST: tl.constexpr,
+           BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
            M_PAD: tl.constexpr, LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
            UPCAST: tl.constexpr):
     """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
@@ -735,7 +836,8 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
         _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
                        2**LOG_S, BLOCK_D, UPCAST)
         if FUSED_TOPK:
-            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S, LOG_K)
+            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S,
+                         LOG_S_LAST, LOG_K)
         _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
                        slots_per_group, num_blocks, BLOCK, 2**LOG_S, BLOCK_I,
                        M_PAD)
@@ -784,7 +886,7 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     o_offs, o_mask = _row_offsets(out_rows, row_mask, d, offs_d, d_mask)
     tl.store(
         OUT + o_offs,
-        _cast(acc / l_i[:, None], OUT.dtype.element_ty, UPCAST),
+        _cast(acc * (1.0 / l_i)[:, None], OUT.dtype.element_ty, UPCAST),
         mask=o_mask)
     tl.store(LSE + out_rows, m_i + tl.log2(l_i), mask=row_mask)
 
@@ -902,21 +1004,29 @@ def _pool_bwd(DQ_ACC, DR, DQ, n, m, d, first, hgt, wid, ph, pw,
     dq = tl.load(DQ_ACC + offs, mask=mask, other=0.0)
     patch = offs_t - first
     is_patch = (patch >= 0) & (patch < hgt * wid) & (offs_t < n)
-    patch = tl.where(is_patch, patch, 0)
-    bi, two_rows = _first_bin(patch // wid, hgt, ph)
-    bj, two_cols = _first_bin(patch % wid, wid, pw)
+    patch = tl.where(is_patch, patch, 0).to(tl.uint32)
+    row = patch // wid.to(tl.uint32)
+    bi, two_rows, rows0, rows1 = _axis_bins(row, hgt, ph)
+    bj, two_cols, cols0, cols1 = _axis_bins(patch - row * wid, wid, pw)
     for di in tl.static_range(2):
         for dj in tl.static_range(2):
             held = is_patch
+            size = rows0
             if di == 1:
                 held = held & two_rows
+                size = rows1
             if dj == 1:
                 held = held & two_cols
+                size = size * cols1
+            else:
+                size = size * cols0
             j = (bi + di) * pw + bj + dj
-            size = tl.where(held, _bin_size(j, hgt, wid, ph, pw), 1)
+            # dR / bin size, as a product with the size's reciprocal.
+            weight = tl.where(held, 1.0 / size.to(tl.float32), 0.0)
             r_offs, r_mask = _row_offsets(
                 (g * m + j).to(tl.int64), held, d, offs_d, d_mask)
-            dq += tl.load(DR + r_offs, mask=r_mask, other=0.0) / size[:, None]
+            dq += weight[:, None] * tl.load(
+                DR + r_offs, mask=r_mask, other=0.0)
     tl.store(DQ + offs, _cast(dq, DQ.dtype.element_ty, UPCAST), mask=mask)
 
 
@@ -948,7 +1058,7 @@ _SMS = {80: 108, 89: 128, 90: 132}
 # bf16 / fp16 per target: the most that fit its shared memory per block
 # (sm_89: 99 KiB) and compile without register spills; an unknown target
 # gets sm_89's.
-_STAGES = {80: (3, 3, 3, 3), 89: (2, 2, 2, 2), 90: (3, 3, 2, 2)}
+_STAGES = {80: (2, 3, 3, 3), 89: (2, 2, 2, 2), 90: (2, 3, 2, 2)}
 # The launches of a forward and a backward, in order.
 KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
            'pool_bwd')
@@ -982,6 +1092,13 @@ class _Config:
         else:
             self._gpu_tiles(n, m, dtype, arch)
         self.block_l = 16  # landmarks per tile of the keys pass
+        # The rows of a last, partial tile that its top-k fold keeps (the
+        # landmarks it holds, rounded up to a power of two); -1: none, or
+        # folded whole (sm_89 and other targets: the second copy of the
+        # fold spills there).
+        last = m % self.block_l
+        self.log_last = (_log2(_next_pow2(last)) if last and arch in (
+            None, 80, 90) else -1)
         if self.fused_topk:  # a top-k fold needs at least K_PAD keys
             self.keys_n = max(self.keys_n, self.k_pad)
         # Splits of the keys pass: two waves of programs over the groups (a
@@ -993,7 +1110,12 @@ class _Config:
             _cdiv(_cdiv(n, _cdiv(programs, groups)), self.keys_n) *
             self.keys_n)
         self.splits = _cdiv(n, self.chunk)
-        self.block_s = min(16, _next_pow2(self.splits))  # splits per tile
+        # Splits per tile of the merge (2 in the interpreter: several tiles
+        # and a last, partial one); a last, partial tile of the top-k lists
+        # folds the lists it holds, rounded up to a power of two (-1: none).
+        self.block_s = min(2 if arch is None else 16, _next_pow2(self.splits))
+        rest = self.splits % self.block_s
+        self.log_s_last = _log2(_next_pow2(rest)) if rest else -1
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
@@ -1002,18 +1124,24 @@ class _Config:
         # (exact IEEE products, no tensor cores: the accurate path, not
         # the fast one) uses 32: 64-wide IEEE dots take 3x the compile time.
         largest = 32 if dtype == torch.float32 else 64
-        self.block = min(largest, max(16, _next_pow2(_cdiv(n, m))))
-        self.block_m = self.block
+        # The backward adds its expert's key and landmark gradients once a
+        # block: with head_dim <= 64, blocks of up to 128 queries (8 warps),
+        # half the float32 atomics of 64 where experts are that large; the
+        # forward takes them 64 at a time.
+        widest = 128 if largest == 64 and self.block_d <= 64 else largest
+        self.block = min(widest, max(16, _next_pow2(_cdiv(n, m))))
+        self.block_m = min(self.block, largest)
         self.block_m_bwd = self.block
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
         self.block_n_bwd = 32
         self.keys_n = self.block_n
         # _shared_bwd: 64 keys a program on sm_90 (half the programs adding
         # into dR); 32 elsewhere (64 spills on sm_89, on 4 or 8 warps).
-        self.shared_n = 64 if arch == 90 and self.block_d <= 64 else 32
+        self.shared_n = 128 if arch == 90 and self.block_d <= 64 else 32
         self.pool_n = 32
         self.e_tile = min(self.m_pad, 64)
-        self.block_q = self.block_p = 64
+        self.block_q = 64
+        self.block_p = 32  # patches a trip of the pooling: a bin holds N / m
         self.block_i = 32
         warps = 4 if self.block_d <= 64 else 8
         if dtype == torch.float32:
@@ -1025,7 +1153,9 @@ class _Config:
         else:
             # The keys pass on sm_89 (and any other target): 8 warps (4
             # spill its top-k fold).
-            warps = (warps if arch in (80, 90) else 8, warps, warps, warps)
+            warps = (warps if arch in (80, 90) else 8, warps,
+                     8 if self.block_m_bwd > 64 else warps,
+                     8 if self.shared_n > 64 else warps)
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
             pool=dict(num_warps=4, num_stages=1),
@@ -1124,7 +1254,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
         *_strides(q), *_strides(k), *_strides(v), qk_scale,
         ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
-        LOG_L=_log2(cfg.block_l), LOG_N=_log2(cfg.keys_n),
+        LOG_L=_log2(cfg.block_l), LOG_LAST=cfg.log_last,
+        LOG_N=_log2(cfg.keys_n),
         BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile, M_PAD=cfg.m_pad,
         LOG_K=_log2(cfg.k_pad),
         BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
@@ -1143,7 +1274,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
         topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
         cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
-        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s), BLOCK_I=cfg.block_i,
+        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s),
+        LOG_S_LAST=cfg.log_s_last, BLOCK_I=cfg.block_i,
         E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad),
         BLOCK_D=cfg.block_d,
         UPCAST=cfg.upcast, **cfg.launch('merge'))

@@ -55,6 +55,22 @@ def test_estimate_of_a_launch_by_hand(toy):
     assert got['estimate_s'] == max(got['sm_s'], got['memory_s'])
 
 
+def test_masked_atomic_lanes_move_no_bytes(toy, monkeypatch):
+    # Live rows 49 of 64 in tiles of 32 (two loops: 49 + 49 of 2 x 64), 48
+    # head dims of 64: the atomics' traffic is their live share.
+    args = kernels.Args(dict(args=dict(m=49, k=49, d=48, BLOCK_D=64),
+                             grid=[1, 1, 1]))
+    share = kernels._live_share(args, [args.m, args.k], 32)
+    assert share == pytest.approx(98 / 128 * 48 / 64)
+    monkeypatch.setitem(kernels.KERNELS, '_toy',
+                        toy._replace(atomic_share=lambda a: 0.25))
+    regions = [_region([], 1), _region([0], 1, atomics=1, atomic_bytes=512)]
+    got = kernels.estimate(_launch([264, 1, 1], regions),
+                           kernels.KERNELS['_toy'], 1e6)
+    traffic = 1e6 + 2 * 264 * 4 * 10 * 512 * 0.25
+    assert got['memory_s'] == pytest.approx(traffic / 4.8e12)
+
+
 def test_small_grids_get_a_share_of_the_bandwidth(toy):
     launch = _launch([33, 1, 1], [_region([], 1), _region([0], 1)])
     got = kernels.estimate(launch, toy, 1e6)

@@ -127,9 +127,13 @@ def test_float32_matches_reference(b, h, hw, extra, pool, topk, d, landmarks):
         # Blocks of 32 queries; K_PAD 16 out of 64-key tiles; 2 splits of
         # the keys pass (128 + 8 tokens); batch, heads, odd grid.
         (90, torch.bfloat16, (2, 2, (9, 15), 1, (2, 3), 10, 16)),
-        # Blocks of 64: experts of about 80 queries span two; 3 splits
-        # (128 + 128 + 66); K_PAD = the 64-key tile; 2 extra tokens.
+        # Blocks of 128 (64 queries a program forward, 128 backward on 8
+        # warps): experts of about 80 queries; 3 splits (128 + 128 + 66);
+        # K_PAD = the 64-key tile; 2 extra tokens.
         (89, torch.bfloat16, (1, 1, (16, 20), 2, (2, 2), 40, 16)),
+        # Blocks of 64: experts of about 38 queries, some spanning two; 2
+        # splits (128 + 98).
+        (90, torch.bfloat16, (1, 1, (14, 16), 2, (2, 3), 40, 16)),
         # topk >= N, one split shorter than a key tile.
         (80, torch.float16, (1, 1, (5, 6), 0, (2, 3), 1000, 16)),
         # float32's tiles: blocks of 32, 32 keys; 3 splits (64 + 64 + 3).
@@ -228,12 +232,15 @@ def test_expert_with_one_query_more_than_a_block(gpu_tiles, tiles):
 
 @pytest.mark.parametrize('tiles,hw,block', [(None, (6, 7), BLOCK),
                                             ((90, torch.bfloat16),
-                                             (14, 15), 64)])
+                                             (14, 15), 64),
+                                            ((90, torch.bfloat16),
+                                             (20, 20), 128)])
 def test_counting_sort_matches_a_plain_reference(gpu_tiles, tiles, hw,
                                                  block):
     # The GPU's tiles: blocks of 64 queries, the keys pass in 2 splits
     # (128 + 83 tokens), the sort reading 32 ids at a time (the
-    # interpreter's: 64 ids, more than a split holds).
+    # interpreter's: 64 ids, more than a split holds); blocks of 128 (N / m
+    # = 67), 4 splits.
     if tiles:
         gpu_tiles(*tiles)
     g, m, d = 2, 6, 16
