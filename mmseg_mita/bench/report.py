@@ -75,9 +75,9 @@ def significant(header: str, key: str, digits: int = 3) -> Column:
     ``1234``): on CPU a segmentor runs at hundredths of an image a second,
     where fixed decimals would keep one digit."""
     def text(v):
-        if abs(v) >= 10**(digits - 1):
+        if abs(float(f'{v:.{digits}g}')) >= 10**(digits - 1):
             return f'{v:.0f}'
-        return f'{v:.{digits}g}'
+        return f'{v:#.{digits}g}'
     return Column(header, key, text)
 
 

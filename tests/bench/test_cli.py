@@ -125,8 +125,8 @@ def test_table_cells_formats_and_notes():
 def test_rates_keep_three_significant_digits():
     column = significant('fps', 'fps')
     cells = [column.cell(dict(fps=v))
-             for v in (0.015349, 0.8912, 12.345, 99.96, 999.6, 1234.4, 0.0)]
-    assert cells == ['0.0153', '0.891', '12.3', '100', '1000', '1234', '0']
+             for v in (0.015349, 0.8912, 1.7, 12.345, 99.96, 999.6, 1234.4, 0.0)]
+    assert cells == ['0.0153', '0.891', '1.70', '12.3', '100', '1000', '1234', '0.00']
 
 
 def test_plot_writes_a_png(tmp_path):
