@@ -516,3 +516,27 @@ def test_tools_refuse_crafted_checkpoint(tool_runs, entry, attack):
     assert 'refused to load checkpoint' in out and \
         TOOL_ATTACKS[attack] in out and f'{UNSAFE_ENV}=1' in out, out[-3000:]
     assert MARKER not in out
+
+
+def test_an_attempt_whose_status_was_lost_is_tried_once_more(monkeypatch):
+    import crafted
+    lost = crafted.Outcome(crafted.STATUS_LOST, {'done': True}, '', [])
+    tries = []
+
+    def once(outcomes):
+        def run(path, work, timeout, control):
+            tries.append(path)
+            return outcomes[len(tries) - 1]
+        return run
+
+    ok = crafted.Outcome(0, {'done': True}, '', [])
+    monkeypatch.setattr(crafted, '_attempt_once', once([lost, ok]))
+    assert crafted.attempt('f', 'w') == ok and len(tries) == 2
+    tries.clear()  # a child that exits with 255 every time is reported
+    monkeypatch.setattr(crafted, '_attempt_once', once([lost, lost, ok]))
+    assert crafted.attempt('f', 'w') == lost and len(tries) == 2
+    for first in (lost._replace(result=None), lost._replace(created=['x']),
+                  lost._replace(exitcode=-11)):  # crashed or left a file
+        tries.clear()
+        monkeypatch.setattr(crafted, '_attempt_once', once([first, ok]))
+        assert crafted.attempt('f', 'w') == first and len(tries) == 1
