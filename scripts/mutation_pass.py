@@ -20,6 +20,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 VIT = 'mmseg_mita/models/backbones/mita_vit.py'
 OP = 'mmseg_mita/ops/mita_attention.py'
 OPTIONS = 'mmseg_mita/ops/options.py'
+REPORT = 'mmseg_mita/bench/report.py'
 BACKENDS = 'mmseg_mita/ops/backends.py'
 DECLARATION = 'mmseg_mita/ops/declaration.py'
 PLAN = 'mmseg_mita/ops/plan.py'
@@ -87,9 +88,15 @@ MUTATIONS = [
      'num_extra_tokens=1 if self.with_cls_token else 0,',
      'num_extra_tokens=1,', LAYER_TEST),
     ('experts_per_query not reduced on a small landmark grid', OPTIONS,
-     'experts_per_query=min(options.experts_per_query, pool[0] * pool[1]))',
-     'experts_per_query=options.experts_per_query)',
+     'experts_per_query=min(self.experts_per_query, pool[0] * pool[1]))',
+     'experts_per_query=self.experts_per_query)',
      ['tests/models/test_any_input_shape.py']),
+    ('landmark grid fitted with the patch grid read as (W, H)', OPTIONS,
+     'zip(self.pool_size, hw))', 'zip(self.pool_size, hw[::-1]))',
+     ['tests/models/test_any_input_shape.py']),
+    ('bench rates lose their trailing zeros', REPORT,
+     "return f'{v:#.{digits}g}'", "return f'{v:.{digits}g}'",
+     ['tests/bench/test_cli.py']),
     ('a backend\'s declared head_dim limit not checked', DECLARATION,
      'if self.max_head_dim is not None and d > self.max_head_dim:',
      'if self.max_head_dim is not None and d > self.max_head_dim + 8:',
