@@ -287,6 +287,18 @@ class Recorder(LaunchCounter):
                  sass=binary.sass))
 
 
+def _jit_functions(jit) -> list:
+    """Every JIT function whose per-device cache a compile may fill:
+    triton's registry of them (triton >= 3.7), else the backend's kernels
+    (triton 3.6 keeps no registry; helpers they call are inlined)."""
+    registry = getattr(jit, '_triton_jit_function_registry', None)
+    if registry is not None:
+        return list(registry.values())
+    from mmseg_mita.ops import triton_backend
+    return [fn for fn in vars(triton_backend).values()
+            if isinstance(fn, jit.JITFunction)]
+
+
 @contextlib.contextmanager
 def compiling_for(arch: int, recorder: Recorder,
                   cache_dir: Optional[str] = None):
@@ -297,7 +309,7 @@ def compiling_for(arch: int, recorder: Recorder,
     from triton.compiler import compiler
     from triton.runtime import jit
     from triton.runtime.driver import driver
-    functions = list(jit._triton_jit_function_registry.values())
+    functions = _jit_functions(jit)
     saved_caches = [fn.device_caches for fn in functions]
     saved_driver = driver._active
     saved_limit = compiler.max_shared_mem

@@ -1056,9 +1056,12 @@ _SMS = {80: 108, 89: 128, 90: 132}
 
 # Pipeline stages of _keys, _experts_fwd, _experts_bwd and _shared_bwd in
 # bf16 / fp16 per target: the most that fit its shared memory per block
-# (sm_89: 99 KiB) and compile without register spills; an unknown target
-# gets sm_89's.
-_STAGES = {80: (2, 3, 3, 3), 89: (2, 2, 2, 2), 90: (2, 3, 2, 2)}
+# (sm_89: 99 KiB) and compile without register spills under triton 3.6 to
+# 3.9 (_keys on sm_90: one, two spill under 3.9); an unknown target gets
+# sm_89's.
+_STAGES = {80: (2, 3, 3, 3), 89: (2, 2, 2, 2), 90: (1, 3, 2, 2)}
+# Registers a thread can address (the ISA's limit).
+MAX_REGISTERS = 255
 # The launches of a forward and a backward, in order.
 KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
            'pool_bwd')
@@ -1131,7 +1134,10 @@ class _Config:
         widest = 128 if largest == 64 and self.block_d <= 64 else largest
         self.block = min(widest, max(16, _next_pow2(_cdiv(n, m))))
         self.block_m = min(self.block, largest)
-        self.block_m_bwd = self.block
+        # head_dim 128: the backward 32 queries a program (64 need every
+        # register of a thread and spill under triton 3.8 and 3.9).
+        self.block_m_bwd = self.block if self.block_d <= 64 else min(
+            self.block, 32)
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
         self.block_n_bwd = 32
         self.keys_n = self.block_n
@@ -1166,6 +1172,16 @@ class _Config:
                 for name, w, s in zip(('keys', 'experts_fwd', 'experts_bwd',
                                        'shared_bwd'), warps, stages)
             })
+        # ptxas (a release per triton release) may hold a kernel below the
+        # registers it needs, and spill: 128 a thread for a block of 8 warps
+        # at head_dim 128 (ptxas 12.9, triton >= 3.8), and for _merge
+        # (triton 3.6). Those take up to MAX_REGISTERS; the others keep
+        # ptxas's choice (a cap there makes it trade occupancy for
+        # registers, and spills _experts_bwd at head_dim 64 on sm_89).
+        for name, options in self.options.items():
+            if name == 'merge' or (options['num_warps'] == 8
+                                   and self.block_d > 64):
+                options['maxnreg'] = MAX_REGISTERS
 
     def grid(self, kernel: str) -> Tuple[int, int]:
         """The grid of ``kernel`` (one of :data:`KERNELS`)."""
