@@ -440,8 +440,8 @@ MUTATIONS = [
      'cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else LAST)',
      'cube = _bitonic(cube, DIMS, run, 1)', TRITON_TOPK),
     ("Triton keys pass: the first key tile's list left descending", TRITON,
-     'n_mask[None, :]), LOG_F, LOG_N, LOG_K, False, 0)',
-     'n_mask[None, :]), LOG_F, LOG_N, LOG_K, False, 1)', TRITON_TOPK),
+     'best = _largest(tile, LOG_F, LOG_N, LOG_K, False, 0)',
+     'best = _largest(tile, LOG_F, LOG_N, LOG_K, False, 1)', TRITON_TOPK),
     ('Triton top-k: the k smallest of the list written', TRITON,
      'mask=offs_k >= K_PAD - k)', 'mask=offs_k < k)', TRITON_TOPK),
     ('Triton top-k merge: split lists all read ascending (not alternating '
@@ -459,7 +459,7 @@ MUTATIONS = [
      ['tests/ops/test_triton_compile.py::test_no_spills_or_gpu_scope_fences']),
     ('Triton registers: the experts kernels at head_dim 128 left to '
      "ptxas's cap (caught under triton 3.8 / 3.9, CI's)", TRITON,
-     'and self.block_d > 64):', 'and self.block_d > 128):',
+     'and self.block_d > 64:', 'and self.block_d > 128:',
      ['tests/ops/test_triton_compile.py::test_no_spills_or_gpu_scope_fences']),
     ('Triton registers: the backward at head_dim 128 on 64 queries a program '
      "(caught under triton 3.8 / 3.9, CI's)", TRITON,

@@ -480,15 +480,17 @@ def _first_rows(x, LOG_R: tl.constexpr, LOG_F: tl.constexpr):
 
 
 @triton.jit
-def _key_tile(K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks,
-              m_i, l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask,
-              qk_scale, STORE_LOGITS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _key_tile(logit_rows, n0, end, l_mask, marks, m_i, l_i, acc, k_base,
+              v_base, skn, svn, offs_d, d_mask, qk_scale,
+              FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
+              LOG_L: tl.constexpr, LOG_F: tl.constexpr, LOG_N: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Keys ``n0 .. n0 + BLOCK_N`` (before ``end``) against the landmarks
+    """Keys ``n0 .. n0 + 2**LOG_N`` (before ``end``) against the landmarks
     ``marks``: folded into their partial softmax (``m_i``, ``l_i``,
-    ``acc``; ``STORE_LOGITS``: ``R K^T`` stored too). Returns ``R K^T``,
-    the keys' offsets and mask, and the softmax state."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    ``acc``; ``STORE_LOGITS``: ``R K^T`` stored too, at ``logit_rows``).
+    Returns ``R K^T`` (``FUSED_TOPK``: its first ``2**LOG_F`` rows as
+    ranked keys) and the softmax state."""
+    offs_n = n0 + tl.arange(0, 2**LOG_N)
     n_mask = offs_n < end
     keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
                       d_mask)
@@ -496,21 +498,21 @@ def _key_tile(K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks,
                         d_mask)
     logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
     if STORE_LOGITS:
-        tl.store(
-            KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n +
-            offs_n[None, :],
-            logits,
-            mask=l_mask[:, None] & n_mask[None, :])
+        tl.store(logit_rows + offs_n[None, :], logits,
+                 mask=l_mask[:, None] & n_mask[None, :])
     scaled = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
     m_i, l_i, acc = _online_softmax(m_i, l_i, acc, scaled, values, PRECISION,
                                     UPCAST)
-    return logits, offs_n, n_mask, m_i, l_i, acc
+    if FUSED_TOPK:
+        logits = _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
+                         n_mask[None, :])
+    return logits, m_i, l_i, acc
 
 
 @triton.jit
-def _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
-                   n, m, d, start, end, split, splits, k_base, v_base, skn,
-                   svn, offs_d, d_mask, qk_scale, FUSED_TOPK: tl.constexpr,
+def _landmark_tile(R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0, n, m,
+                   d, start, end, split, splits, k_base, v_base, skn, svn,
+                   offs_d, d_mask, qk_scale, FUSED_TOPK: tl.constexpr,
                    STORE_LOGITS: tl.constexpr, LOG_L: tl.constexpr,
                    LOG_F: tl.constexpr, LOG_N: tl.constexpr,
                    LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -528,26 +530,22 @@ def _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
     m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
     l_i = tl.zeros([BLOCK_L], tl.float32)
     acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
+    logit_rows = KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n
     # The first key tile (a split has one at least): its largest keys,
     # ascending, start the lists.
-    logits, offs_n, n_mask, m_i, l_i, acc = _key_tile(
-        K, V, KEY_LOGITS, g, start, n, m, end, offs_l, l_mask, marks, m_i,
-        l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
-        STORE_LOGITS, BLOCK_N, PRECISION, UPCAST)
+    tile, m_i, l_i, acc = _key_tile(
+        logit_rows, start, end, l_mask, marks, m_i, l_i, acc, k_base, v_base,
+        skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK, STORE_LOGITS, LOG_L,
+        LOG_F, LOG_N, PRECISION, UPCAST)
     if FUSED_TOPK:
-        best = _largest(
-            _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
-                    n_mask[None, :]), LOG_F, LOG_N, LOG_K, False, 0)
+        best = _largest(tile, LOG_F, LOG_N, LOG_K, False, 0)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):
-        logits, offs_n, n_mask, m_i, l_i, acc = _key_tile(
-            K, V, KEY_LOGITS, g, n0, n, m, end, offs_l, l_mask, marks, m_i,
-            l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
-            STORE_LOGITS, BLOCK_N, PRECISION, UPCAST)
+        tile, m_i, l_i, acc = _key_tile(
+            logit_rows, n0, end, l_mask, marks, m_i, l_i, acc, k_base,
+            v_base, skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
+            STORE_LOGITS, LOG_L, LOG_F, LOG_N, PRECISION, UPCAST)
         if FUSED_TOPK:
-            best = _fold_topk(
-                best,
-                _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
-                        n_mask[None, :]), LOG_F, LOG_N, LOG_K, False)
+            best = _fold_topk(best, tile, LOG_F, LOG_N, LOG_K, False)
     part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
     tl.store(
         PART_O + part[:, None] * d + offs_d[None, :],
@@ -593,17 +591,16 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
     if LOG_LAST >= 0:
         full = m // BLOCK_L * BLOCK_L
     for l0 in range(0, full, BLOCK_L):
-        _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0,
-                       n, m, d, start, end, split, splits, k_base, v_base, skn,
-                       svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
-                       STORE_LOGITS, LOG_L, LOG_L, LOG_N, LOG_K, BLOCK_D,
-                       PRECISION, UPCAST)
+        _landmark_tile(R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0, n, m,
+                       d, start, end, split, splits, k_base, v_base, skn, svn,
+                       offs_d, d_mask, qk_scale, FUSED_TOPK, STORE_LOGITS,
+                       LOG_L, LOG_L, LOG_N, LOG_K, BLOCK_D, PRECISION, UPCAST)
     if LOG_LAST >= 0:
-        _landmark_tile(K, V, R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g,
-                       full, n, m, d, start, end, split, splits, k_base,
-                       v_base, skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
-                       STORE_LOGITS, LOG_L, LOG_LAST, LOG_N, LOG_K, BLOCK_D,
-                       PRECISION, UPCAST)
+        _landmark_tile(R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, full, n,
+                       m, d, start, end, split, splits, k_base, v_base, skn,
+                       svn, offs_d, d_mask, qk_scale, FUSED_TOPK, STORE_LOGITS,
+                       LOG_L, LOG_LAST, LOG_N, LOG_K, BLOCK_D, PRECISION,
+                       UPCAST)
     q_base = Q + _group_base(g, heads, sqb, sqh)
     counts = tl.zeros([M_PAD], tl.int32)
     for i0 in range(start, end, BLOCK_Q):
@@ -1165,7 +1162,7 @@ class _Config:
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
             pool=dict(num_warps=4, num_stages=1),
-            merge=dict(num_warps=4, num_stages=1),
+            merge=dict(num_warps=4, num_stages=1, maxnreg=MAX_REGISTERS),
             pool_bwd=dict(num_warps=4, num_stages=1),
             **{
                 name: dict(num_warps=w, num_stages=s)
@@ -1178,9 +1175,8 @@ class _Config:
         # (triton 3.6). Those take up to MAX_REGISTERS; the others keep
         # ptxas's choice (a cap there makes it trade occupancy for
         # registers, and spills _experts_bwd at head_dim 64 on sm_89).
-        for name, options in self.options.items():
-            if name == 'merge' or (options['num_warps'] == 8
-                                   and self.block_d > 64):
+        for options in self.options.values():
+            if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
 
     def grid(self, kernel: str) -> Tuple[int, int]:
