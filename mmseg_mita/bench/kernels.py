@@ -25,7 +25,10 @@ H200 (``sm_90`` code) each launch is also timed by two models:
   needing the largest of: issue (4 schedulers, one warp instruction per
   clock each), tensor cores (its HMMA/HGMMA multiply-adds at
   ``mma_per_clock``) and spills (``LDL``/``STL`` bytes at
-  :data:`L1_BYTES_PER_CLOCK`); each GPU-scope fence (``MEMBAR.*.GPU``,
+  :data:`L1_BYTES_PER_CLOCK`), and at least its instructions per warp for
+  each round of resident blocks (a warp issues at most one instruction a
+  clock: what bounds a program of fewer warps than schedulers); each
+  GPU-scope fence (``MEMBAR.*.GPU``,
   serialising its warp) adds :data:`FENCE_CYCLES` once per round of
   resident blocks (the occupancy found). Memory: the roofline's bytes plus
   atomics (read and written: 2 x their bytes) over HBM bandwidth, scaled by
@@ -182,9 +185,9 @@ def _merge_trips(a: Args) -> List[float]:
             if a.LOG_S_LAST >= 0 else tiles)
     return ([tiles, tiles] + ([full] if a.FUSED_TOPK else []) + [
         tiles, experts, experts, 1 / a.grid[1], 1 / a.grid[1],
-        cdiv(a.m, a.E_TILE) * sorts,
+        cdiv(a.m, 2**a.LOG_E) * sorts,
         cdiv(a.splits, 2**a.LOG_S),
-        cdiv(cdiv(a.n, a.splits), a.BLOCK_I)
+        cdiv(a.chunk, 32 * a.ROWS)
     ])
 
 
@@ -393,8 +396,12 @@ def estimate(launch: dict, model: KernelModel, moved: float,
     spill = warps * 32 * (work['spill_store_bytes'] +
                           work['spill_load_bytes']) / L1_BYTES_PER_CLOCK
     per_sm = cdiv(programs, part.sms)
-    cycles = per_sm * max(issue, tensor, spill) + cdiv(
-        per_sm, resident) * work['gpu_fences'] * FENCE_CYCLES
+    rounds = cdiv(per_sm, resident)
+    # A warp issues at most one instruction a clock: a program of fewer
+    # warps than schedulers takes at least its instructions per warp.
+    cycles = max(per_sm * max(issue, tensor, spill),
+                 rounds * work['instructions']) + (
+                     rounds * work['gpu_fences'] * FENCE_CYCLES)
     share = model.atomic_share(args) if model.atomic_share else 1.0
     traffic = moved + 2 * programs * warps * work['atomic_bytes'] * share
     busy = min(programs, part.sms) / part.sms

@@ -30,7 +30,8 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    to their slots, a stable counting sort: a query's slot is its expert's
    first slot (after the blocks of the experts before it, from the splits'
    counts), plus its expert's queries in earlier splits, plus its rank
-   among them in the split. Fixed-capacity layout: a group has
+   among them in the split (by bit masks over rows of 32 queries, a row
+   a warp). Fixed-capacity layout: a group has
    ``NB = N // BLOCK + min(m, N)`` blocks of ``BLOCK`` slots (an expert
    with ``c`` queries takes ``ceil(c / BLOCK)`` consecutive blocks, in
    expert order; ``sum ceil(c_e / BLOCK) <= N / BLOCK + #non-empty``);
@@ -774,21 +775,48 @@ def _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, e, m, splits,
 
 
 @triton.jit
+def _popcount(x):
+    """The set bits of each element of ``x`` (uint32)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return (x * 0x01010101) >> 24
+
+
+@triton.jit
+def _ballot(pred, lanes):
+    """Per row of ``pred`` [rows, 32]: the bit mask of its lanes where it
+    holds (``lanes``: lane ``l``'s bit, uint32 [1, 32])."""
+    return tl.sum(tl.where(pred, lanes, 0), 1)
+
+
+@triton.jit
 def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
                  slots_per_group, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+                 ROWS: tl.constexpr, LOG_E: tl.constexpr,
                  M_PAD: tl.constexpr):
     """The queries of split ``split`` written to their slots: an expert's
     queries fill its blocks in token order, so a query's slot is its
     expert's first slot, plus its expert's queries in earlier splits, plus
-    its rank among them in this split (experts ``E_TILE`` at a time; in a
-    tile of ``BLOCK_I`` queries, the next free slot of each expert,
-    gathered, plus the earlier queries of the tile with the same
-    expert)."""
+    its rank among them in this split (experts ``2**LOG_E`` at a time).
+    A tile of ``ROWS`` x 32 queries (in token order, row by row) ranks
+    them by bit masks, a row's 32 lanes to a uint32: the lanes of a row
+    whose expert has bit ``b`` set (a sum of their lane bits over the row)
+    give, ANDed over the bits (or their complements), the lanes of each
+    query's expert: its rank is the count of those before it in its row
+    plus its expert's queries in the rows before (the same masks tested
+    against each expert); the tile's count per expert moves each expert's
+    next free slot."""
+    E_TILE: tl.constexpr = 2**LOG_E
     start = split * chunk
     end = tl.minimum(start + chunk, n)
     group_slots = SLOTS + g.to(tl.int64) * slots_per_group
     ids = EXPERT + g.to(tl.int64) * n
+    offs_l = tl.arange(0, 32)
+    lanes = (tl.full([1, 32], 1, tl.uint32) << offs_l.to(tl.uint32)[None, :])
+    below = lanes - 1  # the lanes before each lane
+    offs_t = tl.arange(0, ROWS)[:, None] * 32 + offs_l[None, :]
+    experts = tl.arange(0, E_TILE)[None, :]
     first_block = 0  # of the expert tile
     for e0 in range(0, m, E_TILE):
         offs_e = e0 + tl.arange(0, E_TILE)
@@ -797,18 +825,26 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
         blocks = _blocks_of(totals, BLOCK)
         slot = (first_block + tl.cumsum(blocks, 0) - blocks) * BLOCK + earlier
         first_block += tl.sum(blocks, 0)
-        offs_t = tl.arange(0, BLOCK_I)
-        for i0 in range(start, end, BLOCK_I):
+        for i0 in range(start, end, ROWS * 32):
             offs_i = i0 + offs_t
             expert = tl.load(ids + offs_i, mask=offs_i < end, other=-1) - e0
             mine = (expert >= 0) & (expert < E_TILE)
+            held = _ballot(mine, lanes)[:, None]  # [ROWS, 1]
+            same = tl.broadcast_to(held, offs_i.shape)  # per query
+            per_expert = tl.broadcast_to(held, [ROWS, E_TILE])  # per row
+            for b in tl.static_range(LOG_E):
+                bit = ((expert >> b) & 1) != 0
+                ones = _ballot(mine & bit, lanes)[:, None]
+                same &= tl.where(bit, ones, ~ones)
+                per_expert &= tl.where(((experts >> b) & 1) != 0, ones,
+                                       ~ones)
+            counts = _popcount(per_expert).to(tl.int32)  # [ROWS, E_TILE]
+            first = slot[None, :] + tl.cumsum(counts, 0) - counts
+            rank = _popcount(same & below).to(tl.int32)
             expert = tl.where(mine, expert, 0)
-            before = (expert[:, None] == expert[None, :]) & (
-                offs_t[None, :] < offs_t[:, None]) & mine[None, :]
-            tl.store(
-                group_slots + tl.gather(slot, expert, 0) +
-                tl.sum(before.to(tl.int32), 1), offs_i, mask=mine)
-            slot += tl.histogram(expert, E_TILE, mask=mine)
+            tl.store(group_slots + tl.gather(first, expert, 1) + rank, offs_i,
+                     mask=mine)
+            slot += tl.sum(counts, 0)
 
 
 @triton.jit(do_not_specialize=[
@@ -818,7 +854,7 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
            BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
            num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
            LOG_S: tl.constexpr, LOG_S_LAST: tl.constexpr,
-           BLOCK_I: tl.constexpr, E_TILE: tl.constexpr,
+           BLOCK_I: tl.constexpr, ROWS: tl.constexpr, LOG_E: tl.constexpr,
            M_PAD: tl.constexpr, LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
            UPCAST: tl.constexpr):
     """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
@@ -840,8 +876,7 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
                        M_PAD)
     if p < splits:
         _split_slots(EXPERT, COUNTS, SLOTS, g, p, n, m, chunk, splits,
-                     slots_per_group, BLOCK, 2**LOG_S, BLOCK_I, E_TILE,
-                     M_PAD)
+                     slots_per_group, BLOCK, 2**LOG_S, ROWS, LOG_E, M_PAD)
 
 
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
@@ -1045,10 +1080,6 @@ def _log2(x: int) -> int:
 # Up to K = 64 that costs less than writing R K^T (float32) for
 # torch.topk's passes; larger k: R K^T is stored and torch.topk selects.
 TOPK_FUSED_MAX = 64
-# Streaming multiprocessors of the GPUs the settings are tuned on (sm_80:
-# A100, sm_89: RTX 4090, sm_90: H100 / H200): the keys pass aims at two
-# waves of programs.
-_SMS = {80: 108, 89: 128, 90: 132}
 
 
 # Pipeline stages of _keys, _experts_fwd, _experts_bwd and _shared_bwd in
@@ -1067,12 +1098,15 @@ KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
 class _Config:
     """Tiles and launch settings of one call: a function of the shapes
     (tokens ``n``, landmarks ``m``, head_dim ``d``, routed keys ``k``,
-    ``groups``), the dtype and the target ``arch`` (the compute capability
+    ``groups``), the dtype, the target ``arch`` (the compute capability
     the kernels are compiled for, e.g. 90; None: the interpreter's small
-    tiles)."""
+    tiles) and the device's ``sms`` (streaming multiprocessors: the keys
+    pass aims at two waves of programs, the merge's warps at the programs
+    an SM runs)."""
 
     def __init__(self, n: int, m: int, d: int, k: int, groups: int,
-                 dtype: torch.dtype, arch: Optional[int]):
+                 dtype: torch.dtype, arch: Optional[int], sms: int = 132):
+        self.sms = sms
         self.n, self.m, self.k, self.groups = n, m, k, groups
         self.block_d = max(16, _next_pow2(d))
         self.m_pad = max(16, _next_pow2(m))
@@ -1104,7 +1138,7 @@ class _Config:
         # Splits of the keys pass: two waves of programs over the groups (a
         # few programs in the interpreter, which runs them one by one), at
         # least two key tiles each.
-        programs = 8 if arch is None else 2 * _SMS.get(arch, 132)
+        programs = 8 if arch is None else 2 * sms
         self.chunk = max(
             2 * self.keys_n,
             _cdiv(_cdiv(n, _cdiv(programs, groups)), self.keys_n) *
@@ -1116,6 +1150,15 @@ class _Config:
         self.block_s = min(2 if arch is None else 16, _next_pow2(self.splits))
         rest = self.splits % self.block_s
         self.log_s_last = _log2(_next_pow2(rest)) if rest else -1
+        # Rows of 32 queries a tile of the merge's sort ranks: a row a warp
+        # (2 in the interpreter: a tile ranks across rows).
+        self.sort_rows = 2
+        if arch is not None:
+            self.sort_rows = self._few_warps(
+                self.groups * max(self.m, self.splits))
+            self.options['merge']['num_warps'] = self.sort_rows
+            self.options['pool']['num_warps'] = self._few_warps(
+                self.groups * self.m)
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
@@ -1179,6 +1222,16 @@ class _Config:
             if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
 
+    def _few_warps(self, programs: int) -> int:
+        """Warps of a program of small tiles (a landmark's pooling; the
+        merge's lists, counts and sort), which more warps only split
+        further (steps between warps through shared memory) or repeat, so
+        fewer warps issue less; but each scheduler of an SM needs two warps
+        or more to hide latency: 1 warp where the grid has 8 programs an
+        SM, 2 where it has 4, else 4."""
+        per_sm = programs / self.sms
+        return 1 if per_sm >= 8 else 2 if per_sm >= 4 else 4
+
     def grid(self, kernel: str) -> Tuple[int, int]:
         """The grid of ``kernel`` (one of :data:`KERNELS`)."""
         per_group = dict(
@@ -1204,20 +1257,24 @@ def interpreted() -> bool:
         isinstance(fn, InterpretedFunction) for fn in (_experts_fwd, tl.zeros))
 
 
-def _target_arch() -> Optional[int]:
-    """The compute capability the kernels compile for, from triton's active
-    driver (what a real launch compiles for, and what an ahead-of-time
-    check stubs); 0 for a non-CUDA target; None in the interpreter."""
+def _target() -> Tuple[Optional[int], int]:
+    """The compute capability the kernels compile for and the streaming
+    multiprocessors of the device they run on, from triton's active driver
+    (what a real launch compiles for, and what an ahead-of-time check
+    stubs); arch 0 for a non-CUDA target; (None, 0) in the interpreter."""
     if interpreted():
-        return None
-    arch = triton.runtime.driver.active.get_current_target().arch
-    return arch if isinstance(arch, int) else 0
+        return None, 0
+    driver = triton.runtime.driver.active
+    arch = driver.get_current_target().arch
+    sms = driver.utils.get_device_properties(
+        driver.get_current_device())['multiprocessor_count']
+    return arch if isinstance(arch, int) else 0, sms
 
 
 def _config(q: Tensor, m: int, k: int) -> _Config:
     """The :class:`_Config` of a call on ``q`` [B, heads, N, d]."""
     b, heads, n, d = q.shape
-    return _Config(n, m, d, min(k, n), b * heads, q.dtype, _target_arch())
+    return _Config(n, m, d, min(k, n), b * heads, q.dtype, *_target())
 
 
 def _strides(t: Tensor) -> Tuple[int, int, int]:
@@ -1288,7 +1345,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
         BLOCK=cfg.block, LOG_S=_log2(cfg.block_s),
         LOG_S_LAST=cfg.log_s_last, BLOCK_I=cfg.block_i,
-        E_TILE=cfg.e_tile, M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad),
+        ROWS=cfg.sort_rows, LOG_E=_log2(cfg.e_tile), M_PAD=cfg.m_pad,
+        LOG_K=_log2(cfg.k_pad),
         BLOCK_D=cfg.block_d,
         UPCAST=cfg.upcast, **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)

@@ -55,6 +55,26 @@ def test_estimate_of_a_launch_by_hand(toy):
     assert got['estimate_s'] == max(got['sm_s'], got['memory_s'])
 
 
+def test_a_warp_issues_at_most_one_instruction_a_clock(toy):
+    # One-warp programs, 3 per SM (396 of them), all resident at once: the
+    # schedulers could issue 3 x 1050 / 4 warp instructions in 788 clocks,
+    # but each warp needs 1050 clocks to issue its own.
+    regions = [_region([], 50), _region([0], 100)]
+    got = kernels.estimate(_launch([396, 1, 1], regions, warps=1), toy, 0)
+    assert got['issue_cycles'] == 1050 / 4
+    assert got['sm_s'] == pytest.approx(1050 / H200.clock_hz)
+    # 2 warps, 9 per SM: the schedulers are the bound (9 x 2 x 1050 / 4).
+    got = kernels.estimate(_launch([9 * 132, 1, 1], regions, warps=2), toy,
+                           0)
+    assert got['sm_s'] == pytest.approx(9 * 2 * 1050 / 4 / H200.clock_hz)
+    # Rounds of resident blocks: 4 programs of 1 warp per SM, 1 resident
+    # (its shared memory): 4 rounds of 1050.
+    got = kernels.estimate(
+        _launch([4 * 132, 1, 1], regions, warps=1, shared=200 * 1024), toy,
+        0)
+    assert got['sm_s'] == pytest.approx(4 * 1050 / H200.clock_hz)
+
+
 def test_masked_atomic_lanes_move_no_bytes(toy, monkeypatch):
     # Live rows 49 of 64 in tiles of 32 (two loops: 49 + 49 of 2 x 64), 48
     # head dims of 64: the atomics' traffic is their live share.

@@ -21,6 +21,7 @@ from mita_testing import (aligned_qkv, assert_same_gradients, experts_of,
                           plan_of, random_qkv)
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mmseg_mita.bench import hardware
 from mmseg_mita.ops import REGISTRY, mita_attention, naive_mita
 from mmseg_mita.ops.torch_backend import attend_experts
 
@@ -49,17 +50,22 @@ def test_kernels_run_in_the_interpreter_without_a_gpu():
 
 @pytest.fixture
 def gpu_tiles(monkeypatch):
-    """``use(arch, dtype)``: the kernels then run (interpreted, on float32
-    data, IEEE products) with the tiles that a GPU of compute capability
-    ``arch`` picks for ``dtype`` inputs."""
+    """``use(arch, dtype, **settings)``: the kernels then run (interpreted,
+    on float32 data, IEEE products) with the tiles that a GPU of compute
+    capability ``arch`` picks for ``dtype`` inputs (``settings``: some
+    replaced)."""
 
-    def use(arch, dtype):
+    def use(arch, dtype, **settings):
 
         def config(q, m, k):
             b, heads, n, d = q.shape
+            part = hardware.PARTS[hardware.REFERENCE_PART[arch]]
             cfg = triton_backend._Config(n, m, d, min(k, n), b * heads, dtype,
-                                         arch)
+                                         arch, part.sms)
             cfg.precision, cfg.upcast = 'ieee', False
+            for name, value in settings.items():
+                assert hasattr(cfg, name), name
+                setattr(cfg, name, value)
             return cfg
 
         monkeypatch.setattr(triton_backend, '_config', config)
@@ -231,19 +237,20 @@ def test_expert_with_one_query_more_than_a_block(gpu_tiles, tiles):
     _assert_close(out, ref, low, ref_leaves)
 
 
-@pytest.mark.parametrize('tiles,hw,block', [(None, (6, 7), BLOCK),
-                                            ((90, torch.bfloat16),
-                                             (14, 15), 64),
-                                            ((90, torch.bfloat16),
-                                             (20, 20), 128)])
+@pytest.mark.parametrize('tiles,hw,block,rows', [
+    (None, (6, 7), BLOCK, None), ((90, torch.bfloat16), (14, 15), 64, None),
+    ((90, torch.bfloat16), (14, 15), 64, 1),
+    ((90, torch.bfloat16), (20, 20), 128, None),
+    ((90, torch.bfloat16), (20, 20), 128, 2)])
 def test_counting_sort_matches_a_plain_reference(gpu_tiles, tiles, hw,
-                                                 block):
+                                                 block, rows):
     # The GPU's tiles: blocks of 64 queries, the keys pass in 2 splits
-    # (128 + 83 tokens), the sort reading 32 ids at a time (the
-    # interpreter's: 64 ids, more than a split holds); blocks of 128 (N / m
-    # = 67), 4 splits.
+    # (128 + 83 tokens), the sort ranking 4 rows of 32 ids at a time (what
+    # a small grid's 4 warps take; a large grid's 1 warp: 1 row, several
+    # tiles a split); blocks of 128 (N / m = 67), 4 splits (2 rows). The
+    # interpreter's tiles: 2 rows, more than a split holds.
     if tiles:
-        gpu_tiles(*tiles)
+        gpu_tiles(*tiles, **({} if rows is None else dict(sort_rows=rows)))
     g, m, d = 2, 6, 16
     n = 1 + hw[0] * hw[1]
     q, k, v = (t.detach().float() for t in random_qkv(1, g, n, d))
@@ -350,6 +357,21 @@ def test_tied_top_k_logits_match_reference(gpu_tiles):
     with torch.no_grad():
         k[:, :, [5, 60, 130]] = 3 * q.mean(2, keepdim=True)
     _check_against_reference(1, 2, hw, 1, (3, 3), 8, d, inputs=[q, k, v])
+
+
+@pytest.mark.parametrize('n,m,groups,warps', [
+    (1025, 49, 48, 1), (4097, 49, 12, 2), (65537, 49, 6, 4),
+    (65537, 49, 48, 1), (4097, 66, 16, 1), (4097, 65, 16, 2),
+    (4097, 66, 8, 2), (4097, 65, 8, 4)])
+def test_small_tiles_take_fewer_warps_on_larger_grids(n, m, groups, warps):
+    # The merge and the pooling (G x m programs each here): 1 warp a
+    # program from 8 programs an SM (132 on sm_90), 2 from 4, else 4: a
+    # scheduler keeps two warps or more. At the bounds: 16 x 66 programs
+    # are 8 an SM, 16 x 65 fewer; 8 x 66 are 4.
+    cfg = triton_backend._Config(n, m, 64, 49, groups, torch.bfloat16, 90)
+    assert cfg.grid('merge')[1] == m
+    assert cfg.options['merge']['num_warps'] == cfg.sort_rows == warps
+    assert cfg.options['pool']['num_warps'] == warps
 
 
 def test_every_launch_fills_an_h200_at_65537_tokens():

@@ -138,6 +138,19 @@ def test_grid_fills_one_wave(compiled, case):
         f'{part.name}: {short}'
 
 
+@pytest.mark.parametrize('case', _cases(select=lambda case: case[2] == 65537))
+def test_settings_follow_the_devices_sms(compiled, case):
+    # The SMs are the device's, from triton's driver (the stand-in gives the
+    # reference part's: 108 on sm_80): the keys pass about two programs an
+    # SM (within two a group: its chunk is a whole number of key tiles),
+    # the merge and the pooling 4 warps below 4 programs an SM.
+    part = hardware.PARTS[hardware.REFERENCE_PART[case[0]]]
+    launch = {x['name']: x for x in _kernels(compiled, case)}
+    keys = math.prod(launch['_keys']['grid'])
+    assert abs(keys - 2 * part.sms) <= 2 * 6, keys
+    assert launch['_merge']['num_warps'] == launch['_pool']['num_warps'] == 4
+
+
 SCRIPT = textwrap.dedent('''
     import sys
     from triton import knobs
