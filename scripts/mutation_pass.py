@@ -401,9 +401,8 @@ MUTATIONS = [
      'return (x * 0x01010101) >> 24', 'return (x * 0x01010101) >> 23',
      TRITON_SORT),
     ("Triton settings: an H200's SMs on every device", TRITON,
-     "    sms = driver.utils.get_device_properties(\n"
-     "        driver.get_current_device())['multiprocessor_count']",
-     '    sms = 132',
+     "    return utils.get_device_properties(device)['multiprocessor_count']",
+     '    return 132',
      ['tests/ops/test_triton_compile.py::test_settings_follow_the_devices_sms']),
     ('Triton small tiles: 1 warp from 4 programs an SM', TRITON,
      'return 1 if per_sm >= 8 else 2 if per_sm >= 4 else 4',
@@ -411,7 +410,13 @@ MUTATIONS = [
      [TRITON_TEST_FILE +
       'test_small_tiles_take_fewer_warps_on_larger_grids']),
     ("Triton pooling's warps from its groups, not its programs", TRITON,
-     '                self.groups * self.m)', '                self.groups)',
+     'pool=dict(num_warps=self._few_warps(groups * m),',
+     'pool=dict(num_warps=self._few_warps(groups),',
+     [TRITON_TEST_FILE +
+      'test_small_tiles_take_fewer_warps_on_larger_grids']),
+    ("Triton sort: 4 rows a tile whatever the merge's warps", TRITON,
+     "return self.options['merge']['num_warps'] if self.options else 2",
+     'return 4 if self.options else 2',
      [TRITON_TEST_FILE +
       'test_small_tiles_take_fewer_warps_on_larger_grids']),
     ('Triton small tiles: 1 warp only above 8 programs an SM', TRITON,

@@ -106,6 +106,7 @@ dispatcher refuses those calls, naming each reason, before they reach the
 entry points. The registry (:mod:`.backends`) imports this module when
 ``backend='triton'`` is first asked for.
 """
+import functools
 from typing import List, Optional, Tuple
 
 import torch
@@ -1150,15 +1151,13 @@ class _Config:
         self.block_s = min(2 if arch is None else 16, _next_pow2(self.splits))
         rest = self.splits % self.block_s
         self.log_s_last = _log2(_next_pow2(rest)) if rest else -1
-        # Rows of 32 queries a tile of the merge's sort ranks: a row a warp
-        # (2 in the interpreter: a tile ranks across rows).
-        self.sort_rows = 2
-        if arch is not None:
-            self.sort_rows = self._few_warps(
-                self.groups * max(self.m, self.splits))
-            self.options['merge']['num_warps'] = self.sort_rows
-            self.options['pool']['num_warps'] = self._few_warps(
-                self.groups * self.m)
+        if arch is not None:  # small tiles: warps from the programs an SM
+            self.options.update(
+                pool=dict(num_warps=self._few_warps(groups * m),
+                          num_stages=1),
+                merge=dict(num_warps=self._few_warps(groups *
+                                                     max(m, self.splits)),
+                           num_stages=1, maxnreg=MAX_REGISTERS))
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
 
@@ -1204,8 +1203,6 @@ class _Config:
                      8 if self.shared_n > 64 else warps)
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
-            pool=dict(num_warps=4, num_stages=1),
-            merge=dict(num_warps=4, num_stages=1, maxnreg=MAX_REGISTERS),
             pool_bwd=dict(num_warps=4, num_stages=1),
             **{
                 name: dict(num_warps=w, num_stages=s)
@@ -1218,6 +1215,7 @@ class _Config:
         # (triton 3.6). Those take up to MAX_REGISTERS; the others keep
         # ptxas's choice (a cap there makes it trade occupancy for
         # registers, and spills _experts_bwd at head_dim 64 on sm_89).
+        # (_merge's cap is set with its warps, once the splits are known.)
         for options in self.options.values():
             if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
@@ -1231,6 +1229,12 @@ class _Config:
         SM, 2 where it has 4, else 4."""
         per_sm = programs / self.sms
         return 1 if per_sm >= 8 else 2 if per_sm >= 4 else 4
+
+    @property
+    def sort_rows(self) -> int:
+        """Rows of 32 queries a tile of the merge's sort ranks: a row a
+        warp (2 in the interpreter: a tile ranks across rows)."""
+        return self.options['merge']['num_warps'] if self.options else 2
 
     def grid(self, kernel: str) -> Tuple[int, int]:
         """The grid of ``kernel`` (one of :data:`KERNELS`)."""
@@ -1266,9 +1270,15 @@ def _target() -> Tuple[Optional[int], int]:
         return None, 0
     driver = triton.runtime.driver.active
     arch = driver.get_current_target().arch
-    sms = driver.utils.get_device_properties(
-        driver.get_current_device())['multiprocessor_count']
-    return arch if isinstance(arch, int) else 0, sms
+    return (arch if isinstance(arch, int) else 0,
+            _multiprocessors(driver.utils, driver.get_current_device()))
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessors(utils, device: int) -> int:
+    """The SMs of ``device`` that a driver's ``utils`` report (asked once:
+    every call's settings need them)."""
+    return utils.get_device_properties(device)['multiprocessor_count']
 
 
 def _config(q: Tensor, m: int, k: int) -> _Config:

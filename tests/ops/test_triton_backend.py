@@ -50,12 +50,12 @@ def test_kernels_run_in_the_interpreter_without_a_gpu():
 
 @pytest.fixture
 def gpu_tiles(monkeypatch):
-    """``use(arch, dtype, **settings)``: the kernels then run (interpreted,
-    on float32 data, IEEE products) with the tiles that a GPU of compute
-    capability ``arch`` picks for ``dtype`` inputs (``settings``: some
-    replaced)."""
+    """``use(arch, dtype, merge_warps=None)``: the kernels then run
+    (interpreted, on float32 data, IEEE products) with the tiles that a GPU
+    of compute capability ``arch`` picks for ``dtype`` inputs (the merge on
+    ``merge_warps``, a row of its sort a warp, where given)."""
 
-    def use(arch, dtype, **settings):
+    def use(arch, dtype, merge_warps=None):
 
         def config(q, m, k):
             b, heads, n, d = q.shape
@@ -63,9 +63,8 @@ def gpu_tiles(monkeypatch):
             cfg = triton_backend._Config(n, m, d, min(k, n), b * heads, dtype,
                                          arch, part.sms)
             cfg.precision, cfg.upcast = 'ieee', False
-            for name, value in settings.items():
-                assert hasattr(cfg, name), name
-                setattr(cfg, name, value)
+            if merge_warps is not None:
+                cfg.options['merge']['num_warps'] = merge_warps
             return cfg
 
         monkeypatch.setattr(triton_backend, '_config', config)
@@ -250,7 +249,7 @@ def test_counting_sort_matches_a_plain_reference(gpu_tiles, tiles, hw,
     # tiles a split); blocks of 128 (N / m = 67), 4 splits (2 rows). The
     # interpreter's tiles: 2 rows, more than a split holds.
     if tiles:
-        gpu_tiles(*tiles, **({} if rows is None else dict(sort_rows=rows)))
+        gpu_tiles(*tiles, merge_warps=rows)
     g, m, d = 2, 6, 16
     n = 1 + hw[0] * hw[1]
     q, k, v = (t.detach().float() for t in random_qkv(1, g, n, d))
