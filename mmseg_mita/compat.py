@@ -9,7 +9,10 @@ leaves the CUDA code path as mmengine wrote it.
   pickle the message hub (``HistoryBuffer`` objects with numpy arrays and
   the buffers' statistics methods, reached through ``getattr``), so
   ``tools/test.py``, ``--resume`` and ``load_from`` refuse every checkpoint
-  mmengine wrote. Local checkpoint files are read by
+  mmengine wrote; its loaders of URLs and model zoos unpickle with full
+  ``torch.load``. Checkpoints of every scheme mmengine registers (local
+  files, URLs, model zoos, file backends:
+  :mod:`mmseg_mita.checkpoint_schemes`) are read by
   :func:`mmseg_mita.safe_load.load_checkpoint`: torch's weights-only
   unpickler with exactly what mmengine's, timm's, DeiT's, mmpretrain's and
   mmseg's checkpoints hold admitted for the load, after checks of what torch
@@ -51,7 +54,6 @@ leaves the CUDA code path as mmengine wrote it.
 import atexit
 import contextlib
 import functools
-import os.path as osp
 
 import torch
 import torch.distributed as dist
@@ -63,8 +65,8 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from mmseg_mita import checkpoint_schemes
 from mmseg_mita.models.compile import compile_network, compile_options
-from mmseg_mita.safe_load import load_checkpoint
 
 _PATCHED = '_mmseg_mita_patched'
 
@@ -82,16 +84,12 @@ def _patch(owner, name: str, make_wrapper) -> None:
 # --- checkpoints -----------------------------------------------------------
 
 
-def load_local_checkpoint(filename, map_location=None):
-    """mmengine's local-file checkpoint loader, reading through
-    :func:`mmseg_mita.safe_load.load_checkpoint` (``.npz`` files are
-    refused with the command that converts them)."""
-    return load_checkpoint(osp.expanduser(filename), map_location, npz=False)
-
-
 def allow_mmengine_checkpoints() -> None:
-    CheckpointLoader.register_scheme(
-        prefixes='', loader=load_local_checkpoint, force=True)
+    """Every scheme of mmengine's ``CheckpointLoader`` read by the safe
+    loader, any other refused (:mod:`mmseg_mita.checkpoint_schemes`)."""
+    checkpoint_schemes.register()
+    _patch(CheckpointLoader, 'load_checkpoint',
+           checkpoint_schemes.covered_only)
 
 
 # --- distributed training without CUDA -------------------------------------

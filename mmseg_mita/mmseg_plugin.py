@@ -11,12 +11,14 @@ once:
 * mmseg's registries: ``MODELS`` gets ``MiTAViT`` and ``CBTHead``,
   ``TRANSFORMS`` gets ``CheckSegMap`` (:mod:`mmseg_mita.models`,
   :mod:`mmseg_mita.datasets`);
-* mmengine's ``CheckpointLoader``: local files (the scheme with prefix
-  ``''``) are read by :func:`mmseg_mita.compat.load_local_checkpoint`,
-  that is by :func:`mmseg_mita.safe_load.load_checkpoint`, which refuses
-  files that would run code and reports damaged ones (this serves
-  ``load_from``, ``--resume``, ``tools/test.py`` and
-  ``init_cfg=dict(type='Pretrained')``);
+* mmengine's ``CheckpointLoader``: every scheme mmengine registers (local
+  files, ``http(s)://``, ``s3://``/``petrel://``, ``pavi://`` and the model
+  zoos) is read by a loader of :mod:`mmseg_mita.checkpoint_schemes`, that
+  is by :func:`mmseg_mita.safe_load.load_checkpoint`, which refuses files
+  that would run code (their stored config text included) and reports
+  damaged ones (this serves ``load_from``, ``--resume``, ``tools/test.py``
+  and ``init_cfg=dict(type='Pretrained')``); ``load_checkpoint`` refuses a
+  scheme registered later by another package;
 * mmengine's ``_init_dist_pytorch`` / ``_init_dist_slurm``,
   ``MMDistributedDataParallel.__init__`` and ``AmpOptimWrapper.__init__``:
   wrapped to work without CUDA (the CUDA path is unchanged);

@@ -72,6 +72,10 @@ SAFE_LOAD = 'mmseg_mita/safe_load/'
 ALLOWED, ARCHIVE, ERRORS, LOADER, SCAN = (
     SAFE_LOAD + name + '.py'
     for name in ('allowed', 'archive', 'errors', 'loader', 'scan'))
+CONFIG_TEXT = SAFE_LOAD + 'config_text.py'
+CONFIG_TEXT_TEST = ['tests/test_config_text.py']
+SCHEMES = 'mmseg_mita/checkpoint_schemes.py'
+SCHEMES_TEST = ['tests/test_checkpoint_schemes.py']
 ATTACK_TEST = [
     'tests/test_safe_load.py::test_crafted_file_is_refused_everywhere'
 ]
@@ -204,17 +208,45 @@ MUTATIONS = [
      '    if owner is _PendingHistoryBuffer and name in STATISTICS:',
      '    if owner is _PendingHistoryBuffer:', ATTACK_TEST),
     ('checkpoint loader: pending objects not resolved', LOADER,
-     '    return resolve(loaded)', '    return loaded',
+     '    loaded = resolve(loaded)', '    loaded = loaded',
      ['tests/test_checkpoint_formats.py']),
+    ('checkpoint loader: a tensor view not bounded by its storage', SCAN,
+     "    nbytes = _numel(size, 'a tensor') * "
+     'torch._utils._element_size(dtype)', '    nbytes = 0', ATTACK_TEST),
+    ('checkpoint loader: config text not checked', LOADER,
+     '    check_config_texts(loaded)', '    pass', CONFIG_TEXT_TEST),
+    ("config text: the message hub's cfg not checked", CONFIG_TEXT,
+     "                    ('message_hub', 'runtime_info', 'cfg'))", ')',
+     CONFIG_TEXT_TEST),
+    ('config text: placeholders admitted', CONFIG_TEXT,
+     "    if '{{' in text:", '    if False:', CONFIG_TEXT_TEST),
+    ('config text: calls of any name admitted', CONFIG_TEXT,
+     "            and node.func.id == 'dict' and len(node.args) <= 1 \\",
+     '            and len(node.args) <= 1 \\', CONFIG_TEXT_TEST),
+    ('config text: custom_imports of any module admitted', CONFIG_TEXT,
+     '    new = sorted(str(name) for name in imports if name not in '
+     'sys.modules)', '    new = []', CONFIG_TEXT_TEST),
+    ('config text: no bound on nesting', CONFIG_TEXT,
+     '    if depth > MAX_DEPTH:', '    if False:', CONFIG_TEXT_TEST),
+    ('config text: _base_ admitted', CONFIG_TEXT,
+     "_FORBIDDEN_NAMES = frozenset({'_base_', 'dict'})",
+     "_FORBIDDEN_NAMES = frozenset({'dict'})", CONFIG_TEXT_TEST),
+    ("checkpoint schemes: mmengine's http loader kept", SCHEMES,
+     "    ('http://', 'https://'): load_from_http,",
+     "    ('http://', 'https://'): mmengine_checkpoint.load_from_http,",
+     SCHEMES_TEST),
+    ('checkpoint schemes: a scheme registered later trusted', SCHEMES,
+     '        if loader not in COVERED and not unsafe_load_allowed():',
+     '        if False:', SCHEMES_TEST),
+    ('checkpoint schemes: the download cache not used', SCHEMES,
+     '    if not osp.exists(cached):', '    if True:', SCHEMES_TEST),
     ('unsafe-load opt-in on by default', ERRORS,
      'return os.environ.get(UNSAFE_ENV) == ',
      "return os.environ.get(UNSAFE_ENV, '1') == ",
      ['tests/test_safe_load.py::test_opt_in_loads_a_trusted_file']),
-    ("mmengine's loader back to full unpickling", 'mmseg_mita/compat.py',
-     'return load_checkpoint(osp.expanduser(filename), map_location, '
-     'npz=False)',
-     'return torch.load(filename, map_location=map_location, '
-     'weights_only=False)', ATTACK_TEST),
+    ("mmengine's loader back to full unpickling", SCHEMES,
+     "    ('', ): load_from_local,",
+     "    ('', ): mmengine_checkpoint.load_from_local,", ATTACK_TEST),
     ("importing the loader adds torch safe globals", ALLOWED,
      '_LOCK = threading.Lock()',
      '_LOCK = threading.Lock(); torch.serialization.add_safe_globals('

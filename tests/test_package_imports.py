@@ -73,4 +73,4 @@ def test_plugin_registers_models_and_workarounds(order, untouched):
         'TRANSFORMS.get("CheckSegMap") is not None)\n' + STATE, lines=2)
     assert registered == 'True True True\n' + untouched.replace(
         'mmengine.runner.checkpoint load_from_local',
-        'mmseg_mita.compat load_local_checkpoint')
+        'mmseg_mita.checkpoint_schemes load_from_local')

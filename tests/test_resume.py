@@ -1,12 +1,16 @@
 """An interrupted run resumed with --resume ends where an uninterrupted run
-ends: same iteration, parameters, optimizer state and learning rate."""
+ends: same iteration, parameters, optimizer state, learning rate and
+message hub; a checkpoint whose stored config is Python is refused before
+mmengine runs it."""
 import os.path as osp
 import signal
 
 import pytest
 import torch
 
-from helpers import PROBE_ENV, data_opts, probe_config, run_python
+from helpers import (DEMO_CONFIG, PROBE_ENV, data_opts, probe_config,
+                     run_python)
+from mmseg_mita.safe_load import UNSAFE_ENV
 
 
 def _train(repo_root, config, work_dir, data_root, *args, options=(),
@@ -64,3 +68,33 @@ def test_resumed_equals_uninterrupted(runs):
         history = [c['message_hub']['log_scalars'][key].data[0]
                    for c in (straight, resumed)]
         assert history[0].tolist() == history[1].tolist(), key
+    hubs = [c['message_hub'] for c in (straight, resumed)]
+    assert hubs[0].keys() == hubs[1].keys()
+    assert hubs[0]['runtime_info'].keys() == hubs[1]['runtime_info'].keys()
+    for key in ('iter', 'max_iters', 'epoch', 'dataset_meta'):
+        assert hubs[0]['runtime_info'][key] == hubs[1]['runtime_info'][key]
+
+
+def test_resume_runs_no_code_from_the_stored_config(repo_root, demo_data,
+                                                    trained, tmp_path):
+    """``--resume`` from a checkpoint whose ``meta['config']`` (MMCV 1.x's
+    key, which ``Runner.resume`` runs as Python) writes a file: refused,
+    nothing run; with the opt-in mmengine runs it (the path is live)."""
+    checkpoint = torch.load(osp.join(trained, 'iter_4.pth'),
+                            weights_only=False)
+    marker = tmp_path / 'marker'
+    checkpoint['meta']['config'] = (
+        f"x = dict(a=(lambda: open({str(marker)!r}, 'w').close())())\n")
+    work = tmp_path / 'work'
+    work.mkdir()
+    torch.save(checkpoint, work / 'iter_4.pth')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_4.pth'))
+    args = ['tools/train.py', DEMO_CONFIG, '--work-dir', str(work),
+            '--resume', '--cfg-options'] + data_opts(demo_data)
+    out = run_python(repo_root, args, returncode=1, env={UNSAFE_ENV: '0'})
+    assert "its config text ['meta']['config'], which mmengine runs" in out
+    assert 'has a call on line 1' in out and f'{UNSAFE_ENV}=1' in out
+    assert not marker.exists()
+    # trusted: resumed at its last iteration, mmengine runs the text
+    run_python(repo_root, args, env={UNSAFE_ENV: '1'})
+    assert marker.exists()

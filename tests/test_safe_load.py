@@ -120,6 +120,14 @@ def _methods(**methods):
             for name, method in methods.items()}
 
 
+def _stride_zero_view():
+    """A pos_embed of 16,000,001 x 32 floats on a storage of one (what
+    mmseg's position-embedding resize would materialise: 2 GB)."""
+    return Call(Global('torch._utils', '_rebuild_tensor_v2'),
+                (PersistentId(zip_storage('0', 1)), 0, (16_000_001, 32),
+                 (0, 0), False, Call(Global('collections', 'OrderedDict'))))
+
+
 def _npy(header: dict) -> bytes:
     text = repr(header).encode()
     text += b' ' * (63 - (10 + len(text)) % 64) + b'\n'
@@ -341,6 +349,17 @@ ATTACKS = {
          Call(Global('collections', 'OrderedDict'))))}), {'0': bytes(4)}),
      REFUSED, 'a quantized tensor of 1000000000 bytes lies on a storage of '
      '4 bytes'),
+    'memory: a stride-0 view of 16000001 x 32 over 4 bytes':
+    (lambda: torch_zip(dumps({'pos_embed': _stride_zero_view()}),
+                       {'0': bytes(4)}), REFUSED,
+     r'a tensor of shape \(16000001, 32\) views 2048000128 bytes of a '
+     'storage of 4 bytes'),
+    # what mmengine runs as Python on resume (tests/test_config_text.py)
+    'config: Python in the stored config':
+    (lambda: _weights({'meta': {'config': "import os\nos.system('echo "
+                                          f"{MARKER}')\n"}}), REFUSED,
+     r"its config text \['meta'\]\['config'\], which mmengine runs as "
+     r"Python .* has an import"),
     'memory: safetensors offsets past the data':
     (lambda: (lambda header: len(header).to_bytes(8, 'little') + header +
               bytes(16))(b'{"w": {"dtype": "F32", "shape": [1000000000], '
@@ -418,6 +437,16 @@ def test_two_directory_layouts_are_live(tmp_path):
         assert ('constants.pkl' in seen_by_torch) == ('TorchScript' in name)
         assert not any('constants.pkl' in n for n in seen_by_python)
         assert check(attempt(str(path), str(work), control=True)), name
+
+
+def test_stride_zero_view_is_live(tmp_path):
+    """torch's weights-only unpickler builds the 2 GB view of 4 bytes
+    from a file of under 1 KB."""
+    path = _write('memory: a stride-0 view of 16000001 x 32 over 4 bytes',
+                  tmp_path / 'view.pth')
+    assert os.path.getsize(path) < 1024
+    assert torch.load(path, weights_only=True)['pos_embed'].shape == (
+        16_000_001, 32)
 
 
 def test_opt_in_loads_a_trusted_file(tmp_path, monkeypatch):

@@ -2,10 +2,11 @@
 
 A ``.pth`` file is a pickle, and unpickling can call any function the file
 names. Every checkpoint the plugin reads goes through
-:func:`load_checkpoint`: mmengine's local-file loader as the plugin
-registers it (:mod:`mmseg_mita.mmseg_plugin`: ``load_from``, ``--resume``,
-``tools/test.py``, ``init_cfg=dict(type='Pretrained')``, the tools that
-build models from checkpoints) and the converters
+:func:`load_checkpoint`: mmengine's loaders of every scheme as the plugin
+registers them (:mod:`mmseg_mita.checkpoint_schemes`: ``load_from``,
+``--resume``, ``tools/test.py``, ``init_cfg=dict(type='Pretrained')``, the
+tools that build models from checkpoints; local files, URLs, model zoos,
+file backends) and the converters
 (:func:`mmseg_mita.converters.read_checkpoint`). It tells the format by
 content (:mod:`.formats`) and
 
@@ -22,8 +23,11 @@ content (:mod:`.formats`) and
   torch's zip reader and Python's ``zipfile`` see the same members (CRC-32
   checked; no TorchScript archive, which ``torch.load`` hands to
   ``torch.jit.load``), every global is admitted (torch's defaults minus the
-  constructors that allocate memory from a number in the file), and every
-  tensor's storage is in the file;
+  constructors that allocate memory from a number in the file), every
+  tensor's storage is in the file, and no tensor has more elements than
+  its storage holds;
+* checks the config text a checkpoint holds, which mmengine runs as
+  Python on resume (:mod:`.config_text`): only assignments of plain values;
 * reads safetensors and ``.npz`` without pickle, each array checked to hold
   what its header claims; refuses torch's ``.tar`` format.
 

@@ -52,9 +52,9 @@ def refused(path: str, reason: str) -> UnsafeCheckpointError:
         "(`torch.save({'state_dict': ...})` or safetensors).")
 
 
-def damaged(path: str, cause: str) -> CorruptCheckpointError:
+def damaged(path: str, size: int, cause: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(
-        f'checkpoint {path} ({os.path.getsize(path)} bytes) is corrupt or '
+        f'checkpoint {path} ({size} bytes) is corrupt or '
         f'truncated ({cause}), e.g. by an interrupted download, copy or '
         'save, or is no checkpoint: PyTorch files (.pth/.pt/.bin), '
         'safetensors and NumPy .npz are read. Download, convert or save it '

@@ -8,6 +8,7 @@ import torch
 
 from .allowed import admitted, resolve
 from .archive import ZipView, python_view, torch_reader
+from .config_text import check_config_texts
 from .errors import (UNSAFE_ENV, Damaged, Refused, damaged, refused,
                      unsafe_load_allowed)
 from .formats import is_npz, read_npz, read_safetensors, sniff
@@ -19,13 +20,15 @@ NPZ_REFUSED = (
     'tools/convert_vit.py {path} OUT.pth`, and load OUT.pth')
 
 
-def load_checkpoint(path: str, map_location: Any = None,
-                    npz: bool = True) -> Any:
+def load_checkpoint(path: str, map_location: Any = None, npz: bool = True,
+                    name: Optional[str] = None) -> Any:
     """The content of the checkpoint file at ``path``, its format told by
     content: what ``torch.load`` returns for PyTorch files (zip or legacy;
     through :func:`load_torch_file`), a tensor dict for safetensors (moved
     to ``map_location``: a device), the arrays of an ``.npz``
-    (:class:`.formats.NpzWeights`; refused unless ``npz``).
+    (:class:`.formats.NpzWeights`; refused unless ``npz``). ``name``: what
+    the messages call the file (default ``path``; the URL it was fetched
+    from, say).
 
     Raises :class:`.UnsafeCheckpointError` for a file it refuses,
     :class:`.CorruptCheckpointError` for a damaged one (ValueErrors both)."""
@@ -44,9 +47,9 @@ def load_checkpoint(path: str, map_location: Any = None,
                 return read_npz(file, view.infos)
             return load_torch_file(file, kind, view, map_location)
         except Refused as e:
-            raise refused(path, str(e)) from None
+            raise refused(name or path, str(e)) from None
         except Damaged as e:
-            raise damaged(path, str(e)) from None
+            raise damaged(name or path, size, str(e)) from None
 
 
 def _to_device(tensors: dict, map_location: Any) -> dict:
@@ -67,7 +70,9 @@ def load_torch_file(file: BinaryIO, kind: str,
     weights-only unpickler, with :mod:`.allowed` admitted for the duration,
     after :mod:`.archive` and :mod:`.scan` checked the file (read from the
     one open ``file``, never mapped: torch's ``mmap`` would read it after
-    the checks); with ``MMSEG_MITA_UNSAFE_LOAD=1``, full unpickling."""
+    the checks), and the config text it holds checked to be data
+    (:mod:`.config_text`: mmengine runs it); with
+    ``MMSEG_MITA_UNSAFE_LOAD=1``, full unpickling."""
     if unsafe_load_allowed():
         warnings.warn(f'{UNSAFE_ENV}=1: loading {file.name} with full '
                       'unpickling (it can run any code)')
@@ -96,4 +101,6 @@ def load_torch_file(file: BinaryIO, kind: str,
         reason = str(e).split('WeightsUnpickler error: ')[-1]
         raise Refused("torch's weights-only unpickler refused it: " +
                       reason.split('\n\nCheck the documentation')[0].strip())
-    return resolve(loaded)
+    loaded = resolve(loaded)
+    check_config_texts(loaded)
+    return loaded

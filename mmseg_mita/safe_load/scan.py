@@ -17,9 +17,14 @@ it, or never checks:
   a listed entry of the storage data within the file (:func:`scan_legacy`;
   torch allocates every claim first, and leaves a claim no entry lists
   uninitialised);
-* a quantized tensor fits its storage (torch allocates its size first).
+* a quantized tensor fits its storage (torch allocates its size first);
+* a tensor has at most as many elements as its storage holds: torch checks
+  only that a view's last element lies in its storage, so stride 0 or
+  overlapping strides let a few stored bytes stand for a tensor of any size
+  (a 637-byte file for a ``pos_embed`` of 16,000,001 x 32, which mmseg's
+  position-embedding resize would materialise as 2 GB).
 
-Tensor views of a storage are bounded by torch itself (``Tensor.set_``
+The offsets of tensor views are bounded by torch itself (``Tensor.set_``
 checks them before anything is allocated); numpy arrays are bounded by
 their bytes in the pickle (:mod:`.allowed`).
 """
@@ -44,14 +49,15 @@ _TORCH_CALLABLES = frozenset({
     'builtins.complex', 'builtins.bytearray', '_codecs.encode'
 })
 UNTYPED_STORAGE = 'torch.storage.UntypedStorage'  # float8, uint16... claims
+_GLOBALS = _get_allowed_globals()
 # name -> dtype: what a persistent id names as its storage type
 STORAGE_DTYPES: Dict[str, torch.dtype] = {
     name: value.dtype
-    for name, value in _get_allowed_globals().items()
+    for name, value in _GLOBALS.items()
     if isinstance(value, torch.serialization.StorageType)
 }
 ALLOWED = frozenset(
-    name for name, value in _get_allowed_globals().items()
+    name for name, value in _GLOBALS.items()
     if isinstance(value, (torch.dtype, torch.qscheme))) | frozenset(
         STORAGE_DTYPES) | _TORCH_CALLABLES | {UNTYPED_STORAGE} | frozenset(
             NAMED)
@@ -100,6 +106,40 @@ def _rebuild_qtensor(storage=None, offset=None, size=None, *_):
     return _Result()
 
 
+def _tensor_bytes(storage: Any, size: Any, dtype: torch.dtype) -> None:
+    """A tensor of ``size`` and ``dtype`` on ``storage`` (a
+    :class:`Storage`; anything else torch refuses) has at most as many
+    elements as the storage holds."""
+    if type(storage) is not Storage:
+        return
+    nbytes = _numel(size, 'a tensor') * torch._utils._element_size(dtype)
+    if nbytes > storage.nbytes:
+        raise Refused(
+            f'a tensor of shape {brief(tuple(size))} views {nbytes} bytes of '
+            f'a storage of {storage.nbytes} bytes (stride 0 or overlapping '
+            'strides: a tensor may have at most as many elements as its '
+            'storage holds)')
+
+
+def _rebuild_tensor(storage=None, offset=None, size=(), *_):
+    """``_rebuild_tensor``, ``_rebuild_tensor_v2``: the storage's dtype."""
+    if type(storage) is Storage:
+        _tensor_bytes(storage, size, storage.dtype)
+    return _Result()
+
+
+def _rebuild_tensor_v3(storage=None, offset=None, size=(), stride=None,
+                       requires_grad=None, hooks=None, dtype=None, *_):
+    """``_rebuild_tensor_v3``: the dtype named after the hooks (the
+    storage of float8 and unsigned tensors is untyped)."""
+    dtype = _GLOBALS.get(dtype.name) if type(dtype) is Name else None
+    if not isinstance(dtype, torch.dtype):
+        raise Refused('it rebuilds a tensor of the dtype '
+                      f'{brief(dtype)}')
+    _tensor_bytes(storage, size, dtype)
+    return _Result()
+
+
 def _size(items=(), *_):
     return tuple(items) if type(items) in (tuple, list) else _Result()
 
@@ -132,6 +172,9 @@ def _storage_from_size(*_):
 
 _CALLS: Dict[str, Callable] = {
     'torch._utils._rebuild_qtensor': _rebuild_qtensor,
+    'torch._utils._rebuild_tensor': _rebuild_tensor,
+    'torch._utils._rebuild_tensor_v2': _rebuild_tensor,
+    'torch._utils._rebuild_tensor_v3': _rebuild_tensor_v3,
     'torch.Size': _size,
     'builtins.bytearray': _bytearray,
     '_codecs.encode': _encode,
