@@ -15,7 +15,7 @@ once:
   files, ``http(s)://``, ``s3://``/``petrel://``, ``pavi://`` and the model
   zoos) is read by a loader of :mod:`mmseg_mita.checkpoint_schemes`, that
   is by :func:`mmseg_mita.safe_load.load_checkpoint`, which refuses files
-  that would run code (their stored config text included) and reports
+  that would run code, drops a stored config text that would, and reports
   damaged ones (this serves ``load_from``, ``--resume``, ``tools/test.py``
   and ``init_cfg=dict(type='Pretrained')``); ``load_checkpoint`` refuses a
   scheme registered later by another package;

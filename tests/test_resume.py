@@ -78,8 +78,10 @@ def test_resumed_equals_uninterrupted(runs):
 def test_resume_runs_no_code_from_the_stored_config(repo_root, demo_data,
                                                     trained, tmp_path):
     """``--resume`` from a checkpoint whose ``meta['config']`` (MMCV 1.x's
-    key, which ``Runner.resume`` runs as Python) writes a file: refused,
-    nothing run; with the opt-in mmengine runs it (the path is live)."""
+    key, which ``Runner.resume`` runs as Python) writes a file: the text is
+    dropped with a warning, nothing run, the run resumed (at its last
+    iteration: nothing left to train); with the opt-in mmengine runs it
+    (the path is live)."""
     checkpoint = torch.load(osp.join(trained, 'iter_4.pth'),
                             weights_only=False)
     marker = tmp_path / 'marker'
@@ -91,9 +93,11 @@ def test_resume_runs_no_code_from_the_stored_config(repo_root, demo_data,
     (work / 'last_checkpoint').write_text(str(work / 'iter_4.pth'))
     args = ['tools/train.py', DEMO_CONFIG, '--work-dir', str(work),
             '--resume', '--cfg-options'] + data_opts(demo_data)
-    out = run_python(repo_root, args, returncode=1, env={UNSAFE_ENV: '0'})
-    assert "its config text ['meta']['config'], which mmengine runs" in out
+    out = run_python(repo_root, args, env={UNSAFE_ENV: '0'})
+    assert "dropped its config text ['meta']['config'], which mmengine " \
+        'runs' in out
     assert 'has a call on line 1' in out and f'{UNSAFE_ENV}=1' in out
+    assert 'resumed epoch: 0, iter: 4' in out
     assert not marker.exists()
     # trusted: resumed at its last iteration, mmengine runs the text
     run_python(repo_root, args, env={UNSAFE_ENV: '1'})

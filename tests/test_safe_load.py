@@ -354,12 +354,6 @@ ATTACKS = {
                        {'0': bytes(4)}), REFUSED,
      r'a tensor of shape \(16000001, 32\) views 2048000128 bytes of a '
      'storage of 4 bytes'),
-    # what mmengine runs as Python on resume (tests/test_config_text.py)
-    'config: Python in the stored config':
-    (lambda: _weights({'meta': {'config': "import os\nos.system('echo "
-                                          f"{MARKER}')\n"}}), REFUSED,
-     r"its config text \['meta'\]\['config'\], which mmengine runs as "
-     r"Python .* has an import"),
     'memory: safetensors offsets past the data':
     (lambda: (lambda header: len(header).to_bytes(8, 'little') + header +
               bytes(16))(b'{"w": {"dtype": "F32", "shape": [1000000000], '

@@ -26,8 +26,9 @@ content (:mod:`.formats`) and
   constructors that allocate memory from a number in the file), every
   tensor's storage is in the file, and no tensor has more elements than
   its storage holds;
-* checks the config text a checkpoint holds, which mmengine runs as
-  Python on resume (:mod:`.config_text`): only assignments of plain values;
+* drops, with a warning, a config text the checkpoint holds that is not
+  assignments of plain values (:mod:`.config_text`: mmengine runs it as
+  Python on resume);
 * reads safetensors and ``.npz`` without pickle, each array checked to hold
   what its header claims; refuses torch's ``.tar`` format.
 

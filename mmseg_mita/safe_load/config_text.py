@@ -13,7 +13,7 @@ string becomes code once its quotes are substituted away), reads the
 files ``_base_`` names, runs the statements, then imports
 ``custom_imports``.
 
-:func:`check_config_texts` admits a text only if running it that way can
+:func:`check_config_text` admits a text only if running it that way can
 do nothing but assign plain values, which is all ``pretty_text`` writes:
 
 * statements ``name = value`` only, ``name`` neither ``_base_`` (it reads
@@ -27,15 +27,20 @@ do nothing but assign plain values, which is all ``pretty_text`` writes:
 * no ``{{`` anywhere in the text, at most :data:`MAX_CHARS` characters.
 
 Anything else (imports, calls, lambdas, f-strings, attribute access,
-comprehensions, a placeholder) is refused, naming the key, the line and
-what it does. Nothing of the text is run here: it is parsed with
-:func:`ast.parse`, which executes nothing.
+comprehensions, a placeholder) is refused, naming the line and what it
+does, and :func:`drop_code_texts` removes such a text from the loaded
+checkpoint with a warning: its weights and training state still load
+(a config holding a class or a function, which ``pretty_text`` writes as
+``<class ...>``, is no Python either, and mmengine's runner never runs the
+text it writes itself). Nothing of the text is run here: it is parsed
+with :func:`ast.parse`, which executes nothing.
 """
 import ast
 import sys
-from typing import Any, Iterator, Tuple
+import warnings
+from typing import Any
 
-from .errors import Refused, brief
+from .errors import UNSAFE_ENV, Refused, brief
 
 # Where mmengine's runners and inferencers read config text from.
 CONFIG_TEXT_KEYS = (('meta', 'config'), ('meta', 'cfg'),
@@ -45,29 +50,33 @@ MAX_DEPTH = 64  # mmseg's configs nest dicts about 6 deep
 _FORBIDDEN_NAMES = frozenset({'_base_', 'dict'})
 
 
-def config_texts(checkpoint: Any) -> Iterator[Tuple[str, str]]:
-    """``(where, text)`` for each config text of :data:`CONFIG_TEXT_KEYS`
-    that ``checkpoint`` holds as a string."""
+def drop_code_texts(checkpoint: Any, name: str) -> None:
+    """Remove from ``checkpoint`` (the file ``name``) each config text of
+    :data:`CONFIG_TEXT_KEYS` that is not data (:func:`check_config_text`),
+    with a warning saying which and why: the weights, optimizer and the
+    rest load, and mmengine finds no text to run (``Runner.resume`` then
+    skips its ``gpu_ids`` comparison; an inferencer needs the config
+    given)."""
     for keys in CONFIG_TEXT_KEYS:
-        value = checkpoint
-        for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, str):
-            yield ''.join(f'[{key!r}]' for key in keys), value
-
-
-def check_config_texts(checkpoint: Any) -> None:
-    """Raise :class:`.Refused` unless every config text of ``checkpoint``
-    is data (:func:`check_config_text`)."""
-    for where, text in config_texts(checkpoint):
+        owner = checkpoint
+        for key in keys[:-1]:
+            owner = owner.get(key) if isinstance(owner, dict) else None
+        text = owner.get(keys[-1]) if isinstance(owner, dict) else None
+        if not isinstance(text, str):
+            continue
         try:
             check_config_text(text)
         except Refused as e:
-            raise Refused(
-                f'its config text {where}, which mmengine runs as Python '
-                f'when it resumes from or builds a model of the checkpoint, '
-                f'{e} (admitted: the assignments of plain values that '
-                "mmengine's Config.pretty_text writes)") from None
+            del owner[keys[-1]]
+            where = ''.join(f'[{key!r}]' for key in keys)
+            warnings.warn(
+                f'checkpoint {name}: dropped its config text {where}, which '
+                'mmengine runs as Python when it resumes from or builds a '
+                f'model of the checkpoint: it {e} (admitted: the '
+                "assignments of plain values that mmengine's "
+                'Config.pretty_text writes). Nothing of it was run; the '
+                'rest of the checkpoint loads. If you trust the file, set '
+                f'{UNSAFE_ENV}=1 to keep it.', stacklevel=2)
 
 
 def check_config_text(text: str) -> None:
@@ -165,10 +174,11 @@ def _check_imports(node: ast.AST) -> None:
                        '(admitted: modules already imported)', node)
 
 
+_KINDS = {'joinedstr': 'an f-string', 'binop': 'an operator',
+          'expr': 'an expression'}
+
+
 def _kind(node: ast.AST) -> str:
-    """``a call``, ``a lambda``, ... (for a message)."""
+    """``a call``, ``an f-string``, ... (for a message)."""
     name = type(node).__name__.lower()
-    name = {'joinedstr': 'n f-string', 'binop': 'n operator',
-            'expr': 'n expression'}.get(name, name)
-    return 'a' + (name if name[0] in ' n' else
-                  ('n ' if name[0] in 'aeiou' else ' ') + name)
+    return _KINDS.get(name) or ('an ' if name[0] in 'aeiou' else 'a ') + name

@@ -8,7 +8,7 @@ import torch
 
 from .allowed import admitted, resolve
 from .archive import ZipView, python_view, torch_reader
-from .config_text import check_config_texts
+from .config_text import drop_code_texts
 from .errors import (UNSAFE_ENV, Damaged, Refused, damaged, refused,
                      unsafe_load_allowed)
 from .formats import is_npz, read_npz, read_safetensors, sniff
@@ -26,7 +26,9 @@ def load_checkpoint(path: str, map_location: Any = None, npz: bool = True,
     content: what ``torch.load`` returns for PyTorch files (zip or legacy;
     through :func:`load_torch_file`), a tensor dict for safetensors (moved
     to ``map_location``: a device), the arrays of an ``.npz``
-    (:class:`.formats.NpzWeights`; refused unless ``npz``). ``name``: what
+    (:class:`.formats.NpzWeights`; refused unless ``npz``). A config text
+    the checkpoint stores that is not data is dropped with a warning
+    (:mod:`.config_text`: mmengine runs it). ``name``: what
     the messages call the file (default ``path``; the URL it was fetched
     from, say).
 
@@ -45,7 +47,10 @@ def load_checkpoint(path: str, map_location: Any = None, npz: bool = True,
                 if not npz:
                     raise Refused(NPZ_REFUSED.format(path=path))
                 return read_npz(file, view.infos)
-            return load_torch_file(file, kind, view, map_location)
+            loaded = load_torch_file(file, kind, view, map_location)
+            if not unsafe_load_allowed():
+                drop_code_texts(loaded, name or path)
+            return loaded
         except Refused as e:
             raise refused(name or path, str(e)) from None
         except Damaged as e:
@@ -70,9 +75,7 @@ def load_torch_file(file: BinaryIO, kind: str,
     weights-only unpickler, with :mod:`.allowed` admitted for the duration,
     after :mod:`.archive` and :mod:`.scan` checked the file (read from the
     one open ``file``, never mapped: torch's ``mmap`` would read it after
-    the checks), and the config text it holds checked to be data
-    (:mod:`.config_text`: mmengine runs it); with
-    ``MMSEG_MITA_UNSAFE_LOAD=1``, full unpickling."""
+    the checks); with ``MMSEG_MITA_UNSAFE_LOAD=1``, full unpickling."""
     if unsafe_load_allowed():
         warnings.warn(f'{UNSAFE_ENV}=1: loading {file.name} with full '
                       'unpickling (it can run any code)')
@@ -101,6 +104,4 @@ def load_torch_file(file: BinaryIO, kind: str,
         reason = str(e).split('WeightsUnpickler error: ')[-1]
         raise Refused("torch's weights-only unpickler refused it: " +
                       reason.split('\n\nCheck the documentation')[0].strip())
-    loaded = resolve(loaded)
-    check_config_texts(loaded)
-    return loaded
+    return resolve(loaded)
