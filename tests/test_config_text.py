@@ -30,6 +30,8 @@ ATTACKS = {
      'has an f-string on line 1'),
     'lambda in a dict value, called':
     ("x = dict(a=(lambda: open('MARKER', 'w'))())\n", 'has a call on line 1'),
+    'a builtin called with keywords':
+    ("x = open(file='MARKER', mode='w')\n", 'has a call on line 1'),
     'lambda in a dict value': ("x = dict(a=lambda: 1)\n",
                                'has a lambda on line 1'),
     # a set of a set of a string to the parser, the default (True) once
@@ -102,6 +104,7 @@ def test_config_text_that_runs_code_is_dropped(attack, place, tmp_path,
 
 @pytest.mark.parametrize(
     'attack', ['__import__ in an f-string', 'lambda in a dict value, called',
+               'a builtin called with keywords',
                '_base_ naming a file',
                'custom_imports of a module not imported'])
 def test_attacks_are_live(attack, tmp_path, monkeypatch):
