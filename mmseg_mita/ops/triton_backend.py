@@ -1324,6 +1324,8 @@ class _Config:
         for options in self.options.values():
             if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
+        if arch == 80:  # ptxas 12.9 (triton 3.9) held it at 168 and spilled
+            self.options['keys']['maxnreg'] = MAX_REGISTERS
 
     def _merge_warps(self, groups: int) -> int:
         """The merge's warps: 1 with a fused top-k (its folds of ``K_PAD``
