@@ -53,6 +53,9 @@ TRITON_ROUTED = [
 TRITON_TOPK = [
     TRITON_TEST_FILE + 'test_topk_is_the_largest_logits_lower_token_on_ties'
 ]
+TRITON_CHUNKS = [
+    TRITON_TEST_FILE + 'test_topk_by_chunk_maxima_is_exact'
+]
 TRITON_WAVES = [
     TRITON_TEST_FILE + 'test_every_launch_fills_an_h200_at_65537_tokens'
 ]
@@ -406,13 +409,6 @@ MUTATIONS = [
     ('Triton pooling backward: bins end at floor (no overlap)', TRITON,
      'end = ((first + 1) * length + p - 1) // p',
      'end = (first + 1) * length // p', TRITON_REF),
-    ("Triton keys pass: a partial landmark tile folds its padding rows",
-     TRITON, 'first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 0',
-     'first = tl.arange(0, 2**(LOG_R - LOG_F))[:, None, None] == 1',
-     TRITON_REF),
-    ('Triton top-k merge: the partial tile of split lists skipped', TRITON,
-     '    if LOG_S_LAST >= 0:\n        best = _fold_lists(',
-     '    if LOG_S_LAST >= 9:\n        best = _fold_lists(', TRITON_TOPK),
     ('Triton routing argmax over the padding experts too', TRITON,
      "scores = tl.where(l_mask[None, :], scores, -float('inf'))",
      'scores = scores', TRITON_TEST),
@@ -507,14 +503,39 @@ MUTATIONS = [
     ('Triton top-k: neighbouring runs not alternating', TRITON,
      'cube = _bitonic(cube, DIMS, run, 2 if run < LOG_N else LAST)',
      'cube = _bitonic(cube, DIMS, run, 1)', TRITON_TOPK),
-    ("Triton keys pass: the first key tile's list left descending", TRITON,
-     'best = _largest(tile, LOG_F, LOG_N, LOG_K, False, 0)',
-     'best = _largest(tile, LOG_F, LOG_N, LOG_K, False, 1)', TRITON_TOPK),
+    ("Triton keys pass on sm_80 without its register cap (caught under "
+     "triton 3.9, CI's)", TRITON,
+     "        if arch == 80:  # ptxas 12.9 (triton 3.9) held it at 168 and "
+     "spilled\n            self.options['keys']['maxnreg'] = MAX_REGISTERS",
+     '        if False:\n            pass',
+     ['tests/ops/test_triton_compile.py::test_no_spills_or_gpu_scope_fences']),
+    ('Triton chunk top-k: a split stores the chunks past its end', TRITON,
+     'mask=l_mask[:, None] & ((offs_c << LOG_C) < end)[None, :])',
+     'mask=l_mask[:, None] & (offs_c < end)[None, :])', TRITON_CHUNKS),
+    ('Triton chunk top-k: a group keyed by its minimum', TRITON,
+     '            top = tl.max(\n                tl.reshape(top,',
+     '            top = tl.min(\n                tl.reshape(top,',
+     TRITON_CHUNKS),
+    ('Triton chunk top-k: ties between chunks (and groups) to the higher '
+     'one', TRITON,
+     'return _fold_topk(best, _keyed(bits, index, valid), 0, LOG_K, LOG_K,',
+     'return _fold_topk(best, _keyed(bits, 2**20 - index, valid), 0, LOG_K,'
+     ' LOG_K,', TRITON_CHUNKS),
+    ("Triton chunk top-k: the groups' last, partial tile skipped", TRITON,
+     '    if LOG_REST >= 0:\n        best = _fold_few(',
+     '    if LOG_REST >= 9:\n        best = _fold_few(', TRITON_CHUNKS),
+    ("Triton chunk top-k: the best groups' chunks not selected", TRITON,
+     '    if LOG_G > 0:  # their chunks', '    if LOG_G > 9:  # their chunks',
+     TRITON_CHUNKS),
+    ("Triton chunk top-k: a chunk's tokens indexed without its size",
+     TRITON, 'token = chunk * C + i', 'token = chunk + i', TRITON_CHUNKS),
+    ('Triton merge: the warps of its programs with a fused top-k', TRITON,
+     '        if self.fused_topk:\n            return 1',
+     '        if self.fused_topk:\n            return 4',
+     [TRITON_TEST_FILE +
+      'test_small_tiles_take_fewer_warps_on_larger_grids']),
     ('Triton top-k: the k smallest of the list written', TRITON,
      'mask=offs_k >= K_PAD - k)', 'mask=offs_k < k)', TRITON_TOPK),
-    ('Triton top-k merge: split lists all read ascending (not alternating '
-     'runs)', TRITON, 'offs_run = tl.where((offs_s % 2 == 0)[:, None]',
-     'offs_run = tl.where((offs_s < 0)[:, None]', TRITON_TOPK),
     ('TRITON_INTERPRET set after a test module imports triton',
      'tests/conftest.py', "    os.environ.setdefault('TRITON_INTERPRET', '1')",
      '    pass', [

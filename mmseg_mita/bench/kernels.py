@@ -158,37 +158,63 @@ def _layout_bytes(a: Args) -> int:
 
 
 def _split_bytes(a: Args, splits: int) -> int:
-    """What the keys pass hands the merge per group: each split's partial
-    softmax (float32 output and log-sum-exp per landmark), top-k lists
-    (int64, when fused) and counts per expert (int32)."""
-    top = a.m * 2**a.LOG_K * 8 if a.FUSED_TOPK else 0
-    return splits * (a.m * (a.d + 1) * 4 + top + a.M_PAD * 4)
+    """What the keys pass hands the merge per group in its splits: each
+    split's partial softmax (float32 output and log-sum-exp per landmark)
+    and counts per expert (int32)."""
+    return splits * (a.m * (a.d + 1) * 4 + a.M_PAD * 4)
 
 
-def _later_key_tiles(a: Args) -> float:
-    """Key tiles of a split after its first (which the keys pass folds
-    apart), on average."""
-    return max(0.0, a.n / a.grid[1] / 2**a.LOG_N - 1)
+def _chunks(a: Args) -> int:
+    """Chunks of ``2**LOG_C`` tokens of the fused top-k, per landmark."""
+    return cdiv(a.n, 2**a.LOG_C)
+
+
+def _groups(a: Args) -> int:
+    """Groups of ``2**LOG_G`` chunks, per landmark."""
+    return cdiv(_chunks(a), 2**a.LOG_G)
+
+
+def _chunk_bytes(a: Args) -> int:
+    """The chunk maxima of a group, and those of its groups of chunks if a
+    group holds several (int32; when the top-k is fused)."""
+    if not a.FUSED_TOPK:
+        return 0
+    return a.m * (_chunks(a) + (_groups(a) if a.LOG_G else 0)) * 4
+
+
+def _candidate_rows(a: Args) -> int:
+    """Distinct keys whose logits the merge recomputes in a group (at
+    most): the tokens of each landmark's ``K_PAD`` best chunks."""
+    if not a.FUSED_TOPK or not a.LOG_C:  # chunks of one token: none
+        return 0
+    return min(a.n, a.m * min(_chunks(a), 2**a.LOG_K) * 2**a.LOG_C)
 
 
 def _merge_trips(a: Args) -> List[float]:
     """``_merge``'s loops, per program on average (programs below m merge an
     expert, those below S sort a split's queries): the split tiles of the
-    shared expert (2) and of the top-k lists (when fused), the counts, the
-    expert's block and slot fills (the last expert's fills too, once in m
-    programs), the expert tiles of the sort, their counts and ids."""
+    shared expert (2); when fused, the top-k's folds: of the chunk groups'
+    maxima, ``K_PAD`` at a time (a last, partial tile apart), of the
+    chunks of the best groups (if a group has several) and of the tokens
+    of the best chunks; the counts,
+    the expert's block and slot fills (the last expert's fills too, once
+    in m programs), the expert tiles of the sort, their counts and ids."""
     experts = a.m / a.grid[1]
     sorts = a.splits / a.grid[1]
     tiles = cdiv(a.splits, 2**a.LOG_S) * experts
-    # The top-k lists' full tiles (a last, partial one is folded apart).
-    full = (a.splits // 2**a.LOG_S * experts
-            if a.LOG_S_LAST >= 0 else tiles)
-    return ([tiles, tiles] + ([full] if a.FUSED_TOPK else []) + [
+    topk = []
+    if a.FUSED_TOPK:
+        tiles_k = (_groups(a) // 2**a.LOG_K if a.LOG_REST >= 0 else
+                   cdiv(_groups(a), 2**a.LOG_K))
+        topk = ([tiles_k * experts] +
+                ([2**a.LOG_G * experts] if a.LOG_G else []) +
+                ([2**a.LOG_C * experts] if a.LOG_C else []))
+    return [tiles, tiles] + topk + [
         tiles, experts, experts, 1 / a.grid[1], 1 / a.grid[1],
         cdiv(a.m, 2**a.LOG_E) * sorts,
         cdiv(a.splits, 2**a.LOG_S),
         cdiv(a.chunk, 32 * a.ROWS)
-    ])
+    ]
 
 
 # The per-kernel knowledge of the model, one entry per Triton kernel
@@ -201,33 +227,33 @@ KERNELS: Dict[str, KernelModel] = {
             sum(cdiv(size, a.BLOCK_P) for size in _bin_sizes(a)) / a.m],
         bytes=lambda a: a.G * (a.hgt * a.wid + a.m) * a.d * a.size('Q'),
         flops=lambda a: a.G * a.hgt * a.wid * a.d),
-    # Loops: the full landmark tiles and, in each, the split's key tiles
-    # after its first; the same of the last, partial landmark tile (if any);
-    # the split's
-    # query tiles and, in each, the landmark tiles of the routing. Reads q,
-    # K, V and R; writes the experts of the queries and what the merge reads
-    # (and R K^T, float32, when k is too large to fuse).
+    # Loops: the landmark tiles and, in each, the split's key tiles; the
+    # split's query tiles and, in each, the landmark tiles of the routing.
+    # Reads q, K, V and R; writes the experts of the queries, what the
+    # merge reads and the chunk maxima (or R K^T, float32, when k is too
+    # large to fuse).
     '_keys': KernelModel(
         trips=lambda a: [
-            a.m // 2**a.LOG_L if a.LOG_LAST >= 0 else cdiv(a.m, 2**a.LOG_L),
-            _later_key_tiles(a)] +
-        ([_later_key_tiles(a)] if a.LOG_LAST >= 0 else []) +
-        [a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
+            cdiv(a.m, 2**a.LOG_L), a.n / a.grid[1] / 2**a.LOG_N,
+            a.n / a.grid[1] / a.BLOCK_Q, cdiv(a.m, a.E_TILE)],
         bytes=lambda a: a.G * (
             (3 * a.n + a.m) * a.d * a.size('Q') + a.n * 4 +
-            _split_bytes(a, a.grid[1]) +
+            _split_bytes(a, a.grid[1]) + _chunk_bytes(a) +
             (a.m * a.n * 4 if a.STORE_LOGITS else 0)),
         flops=lambda a: a.G * 6 * a.m * a.n * a.d),
     # Loops: see _merge_trips. Reads the splits' partials and counts, the
-    # experts of the queries; writes Vt, its lse, the top-k rows and the
-    # block layout.
+    # experts of the queries, the chunk maxima, R and the keys of the best
+    # chunks (when fused); writes Vt, its lse, the top-k rows and the block
+    # layout. FLOPs: the candidates' logits (a landmark a product).
     '_merge': KernelModel(
         trips=_merge_trips,
         bytes=lambda a: a.G * (
             _split_bytes(a, a.splits) + a.n * 4 + a.m * a.d * a.size('VT') +
-            a.m * 4 +
+            a.m * 4 + _chunk_bytes(a) +
+            ((a.m + _candidate_rows(a)) * a.d * a.size('K')
+             if _candidate_rows(a) else 0) +
             a.m * a.k * a.size('TOPK') + _layout_bytes(a)),
-        flops=lambda a: 0),
+        flops=lambda a: a.G * 2 * a.d * _candidate_rows(a)),
     # Loops: the compressed keys, the routed keys. Reads q, R, Vt, the top-k
     # rows, the routed keys and values, the layout; writes o and its lse.
     '_experts_fwd': KernelModel(

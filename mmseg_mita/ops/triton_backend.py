@@ -10,13 +10,10 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    two waves of programs over the groups, at least two key tiles each).
    Split ``s`` streams its keys once per tile of 16 landmarks: ``R K^T``
    feeds a partial online softmax of ``s R K^T`` (the split's output and
-   log-sum-exp, as in flash-decoding) and a running top-``K_PAD`` list per
-   landmark (int64 keys: the order-preserving bits of the float32 logit
-   above ``2^32 - 1 - token``, so ties go to the lower token and NaN ranks
-   above every number, as in ``torch.topk``; the split's first key tile,
-   sorted, starts the lists, each later one is folded in by a bitonic
-   top-k and one bitonic merge; a last, partial landmark tile folds only
-   the rows that hold landmarks). Then it routes its own queries,
+   log-sum-exp, as in flash-decoding) and, per landmark, the largest logit
+   of each chunk of ``c`` tokens (a split starts and ends on chunk bounds),
+   stored as int32 bits that order as the float32 logit (NaN above every
+   number, as in ``torch.topk``). Then it routes its own queries,
    ``argmax_j q . R_j`` (the first index on ties; a NaN score counts as
    +inf, so an all-NaN row goes to expert 0, as ``torch.argmax`` sends it;
    an id outside ``[0, m)``, what a compiled argmax may return for a row it
@@ -24,9 +21,9 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    them per expert;
 3. ``_merge``, grid (G, max(m, S)): program ``p < m`` merges expert ``p``'s
    S partial softmaxes into its shared values ``Vt`` and their log-sum-exp
-   (saved for the backward) and its S top-k lists into its ``k`` keys (a
-   tile of lists at a time, a last, partial tile apart), and
-   marks its blocks; program ``p < S`` writes the queries of split ``p``
+   (saved for the backward), selects its ``k`` keys from its chunk maxima
+   (below) and marks its blocks; program ``p < S`` writes the queries of
+   split ``p``
    to their slots, a stable counting sort: a query's slot is its expert's
    first slot (after the blocks of the experts before it, from the splits'
    counts), plus its expert's queries in earlier splits, plus its rank
@@ -44,9 +41,24 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    ``Vt`` and the expert's ``k`` routed keys, read
    by index from K and V; writes the output and its log-sum-exp.
 
+The top-k selects exactly the set ``torch.topk`` would, ties to the lower
+token: each key is an int64, the order-preserving bits of its float32
+logit above ``2^32 - 1 - token``. A chunk's key is its maximum's bits
+above ``2^32 - 1 - chunk`` (ties to the lower chunk, whose tokens are all
+lower); the ``K_PAD`` chunks of the largest keys (``k`` rounded up to a
+power of two) hold the ``K_PAD`` largest token keys, as no key of another
+chunk beats the maximum of each of them. The merge folds a landmark's
+chunk keys ``K_PAD`` at a time into a sorted list (a bitonic sort of the
+tile, the elementwise max with the list, one bitonic merge); at large N
+first the maxima of groups of ``g`` chunks, then the chunks of the best
+``K_PAD`` groups (the same argument one level up); then it recomputes the
+logits of the best chunks' ``K_PAD c`` tokens with the keys pass's own
+product (bit for bit: a landmark in every row of the same ``tl.dot``) and
+folds their keys. No trip count depends on the data.
+
 For ``k > 64`` (:data:`TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
-(float32 [G, m, N]) instead of the lists and ``torch.topk(min(topk, N),
-sorted=False)`` selects: 5 launches.
+(float32 [G, m, N]) instead of the chunk maxima and
+``torch.topk(min(topk, N), sorted=False)`` selects: 5 launches.
 
 Backward (flash-style: probabilities recomputed from the saved
 log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
@@ -126,6 +138,8 @@ except ImportError:  # pragma: no cover - very old triton
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 # Below every key of _ranked: the empty places of a top-k list.
 LOWEST = tl.constexpr(-2**63)
+# Below the bits of every float32 (_order_bits): a token past the end.
+LOWEST_BITS = tl.constexpr(-2**31)
 
 
 @triton.jit
@@ -229,16 +243,29 @@ def _online_softmax(m_i, l_i, acc, logits, values, PRECISION: tl.constexpr,
 
 
 @triton.jit
-def _ranked(x, index, mask):
-    """int64 keys ordered as the float32 ``x`` (NaN above +inf, as in
-    ``torch.topk``; -0.0 as 0.0), ties to the lower ``index`` (int32 >= 0):
-    the order-preserving bits of ``x`` above ``2**32 - 1 - index``;
-    :data:`LOWEST` where ``mask`` is off."""
+def _order_bits(x):
+    """int32 bits ordered as the float32 ``x`` (NaN above +inf, as in
+    ``torch.topk``; -0.0 as 0.0): the bits of ``x``, those of a negative
+    reversed."""
     bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True)
     bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negatives: reversed
-    bits = tl.where(x != x, 0x7FFFFFFF, bits)
+    return tl.where(x != x, 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _keyed(bits, index, mask):
+    """int64 keys: ``bits`` (int32, of :func:`_order_bits`) above ``2**32 -
+    1 - index`` (``index`` >= 0), so that ties go to the lower ``index``;
+    :data:`LOWEST` where ``mask`` is off."""
     keys = (bits.to(tl.int64) << 32) | (4294967295 - index.to(tl.int64))
     return tl.where(mask, keys, LOWEST)
+
+
+@triton.jit
+def _ranked(x, index, mask):
+    """int64 keys ordered as the float32 ``x`` (:func:`_order_bits`), ties to
+    the lower ``index`` (token); :data:`LOWEST` where ``mask`` is off."""
+    return _keyed(_order_bits(x), index, mask)
 
 
 @triton.jit
@@ -482,105 +509,112 @@ def _first_rows(x, LOG_R: tl.constexpr, LOG_F: tl.constexpr):
 
 
 @triton.jit
-def _key_tile(logit_rows, n0, end, l_mask, marks, m_i, l_i, acc, k_base,
-              v_base, skn, svn, offs_d, d_mask, qk_scale,
-              FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
-              LOG_L: tl.constexpr, LOG_F: tl.constexpr, LOG_N: tl.constexpr,
+def _logits(marks, keys, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``R K^T`` of landmarks ``marks`` [16, BLOCK_D] and ``keys`` [*,
+    BLOCK_D]: the one product of the keys pass and of the merge, which
+    recomputes the logits of its candidates bit for bit."""
+    return _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+
+
+@triton.jit
+def _key_tile(logit_rows, chunk_rows, group_rows, n0, end, l_mask, marks,
+              m_i, l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask,
+              qk_scale, FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
+              LOG_N: tl.constexpr, LOG_C: tl.constexpr, LOG_G: tl.constexpr,
               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Keys ``n0 .. n0 + 2**LOG_N`` (before ``end``) against the landmarks
     ``marks``: folded into their partial softmax (``m_i``, ``l_i``,
-    ``acc``; ``STORE_LOGITS``: ``R K^T`` stored too, at ``logit_rows``).
-    Returns ``R K^T`` (``FUSED_TOPK``: its first ``2**LOG_F`` rows as
-    ranked keys) and the softmax state."""
-    offs_n = n0 + tl.arange(0, 2**LOG_N)
+    ``acc``); ``FUSED_TOPK``: the largest logit of each chunk of ``2**LOG_C``
+    keys stored as order-preserving bits at ``chunk_rows`` (``LOG_G`` > 0:
+    and of each group of ``2**LOG_G`` chunks at ``group_rows``);
+    ``STORE_LOGITS``: ``R K^T`` stored at ``logit_rows``. Returns the
+    softmax state."""
+    BLOCK_N: tl.constexpr = 2**LOG_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     keys = _load_rows(k_base, offs_n.to(tl.int64), n_mask, skn, offs_d,
                       d_mask)
     values = _load_rows(v_base, offs_n.to(tl.int64), n_mask, svn, offs_d,
                         d_mask)
-    logits = _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+    logits = _logits(marks, keys, PRECISION, UPCAST)
     if STORE_LOGITS:
         tl.store(logit_rows + offs_n[None, :], logits,
                  mask=l_mask[:, None] & n_mask[None, :])
-    scaled = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
-    m_i, l_i, acc = _online_softmax(m_i, l_i, acc, scaled, values, PRECISION,
-                                    UPCAST)
     if FUSED_TOPK:
-        logits = _ranked(_first_rows(logits, LOG_L, LOG_F), offs_n[None, :],
-                         n_mask[None, :])
-    return logits, m_i, l_i, acc
+        # A chunk's maximum; a split starts and ends on chunk bounds.
+        bits = tl.where(n_mask[None, :], _order_bits(logits), LOWEST_BITS)
+        top = tl.max(
+            tl.reshape(bits, [marks.shape[0], BLOCK_N >> LOG_C, 2**LOG_C]), 2)
+        offs_c = (n0 >> LOG_C) + tl.arange(0, BLOCK_N >> LOG_C)
+        tl.store(chunk_rows + offs_c[None, :], top,
+                 mask=l_mask[:, None] & ((offs_c << LOG_C) < end)[None, :])
+        if LOG_G > 0:  # a group's maximum; a tile holds whole groups
+            SPAN: tl.constexpr = LOG_C + LOG_G
+            top = tl.max(
+                tl.reshape(top, [marks.shape[0], BLOCK_N >> SPAN, 2**LOG_G]),
+                2)
+            offs_c = (n0 >> SPAN) + tl.arange(0, BLOCK_N >> SPAN)
+            tl.store(group_rows + offs_c[None, :], top,
+                     mask=l_mask[:, None] & ((offs_c << SPAN) < end)[None, :])
+    scaled = tl.where(n_mask[None, :], logits * qk_scale, -float('inf'))
+    return _online_softmax(m_i, l_i, acc, scaled, values, PRECISION, UPCAST)
 
 
 @triton.jit
-def _landmark_tile(R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0, n, m,
-                   d, start, end, split, splits, k_base, v_base, skn, svn,
-                   offs_d, d_mask, qk_scale, FUSED_TOPK: tl.constexpr,
-                   STORE_LOGITS: tl.constexpr, LOG_L: tl.constexpr,
-                   LOG_F: tl.constexpr, LOG_N: tl.constexpr,
-                   LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _landmark_tile(R, PART_O, PART_LSE, CHUNK_MAX, GROUP_MAX, KEY_LOGITS, g,
+                   l0, n, m, d, start, end, split, splits, k_base, v_base,
+                   skn, svn, offs_d, d_mask, qk_scale,
+                   FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
+                   LOG_L: tl.constexpr, LOG_N: tl.constexpr,
+                   LOG_C: tl.constexpr, LOG_G: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
     """Landmarks ``l0 ..`` (a tile of ``2**LOG_L``) over the keys ``start ..
-    end`` of a split: their partial softmax and, for the first ``2**LOG_F``
-    of them (all but in the last tile, where the others are padding), their
-    top ``K_PAD`` keys."""
+    end`` of a split: their partial softmax and their chunk (and group)
+    maxima."""
     BLOCK_L: tl.constexpr = 2**LOG_L
     BLOCK_N: tl.constexpr = 2**LOG_N
-    K_PAD: tl.constexpr = 2**LOG_K
     offs_l = l0 + tl.arange(0, BLOCK_L)
     r_offs, r_mask, l_mask = _landmark_rows(g, offs_l, m, d, offs_d, d_mask)
     marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
     m_i = tl.full([BLOCK_L], -float('inf'), tl.float32)
     l_i = tl.zeros([BLOCK_L], tl.float32)
     acc = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
-    logit_rows = KEY_LOGITS + (g * m + offs_l).to(tl.int64)[:, None] * n
-    # The first key tile (a split has one at least): its largest keys,
-    # ascending, start the lists.
-    tile, m_i, l_i, acc = _key_tile(
-        logit_rows, start, end, l_mask, marks, m_i, l_i, acc, k_base, v_base,
-        skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK, STORE_LOGITS, LOG_L,
-        LOG_F, LOG_N, PRECISION, UPCAST)
-    if FUSED_TOPK:
-        best = _largest(tile, LOG_F, LOG_N, LOG_K, False, 0)
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):
-        tile, m_i, l_i, acc = _key_tile(
-            logit_rows, n0, end, l_mask, marks, m_i, l_i, acc, k_base,
-            v_base, skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
-            STORE_LOGITS, LOG_L, LOG_F, LOG_N, PRECISION, UPCAST)
-        if FUSED_TOPK:
-            best = _fold_topk(best, tile, LOG_F, LOG_N, LOG_K, False)
+    rows = (g * m + offs_l).to(tl.int64)[:, None]
+    logit_rows = KEY_LOGITS + rows * n
+    chunks = (n + 2**LOG_C - 1) >> LOG_C
+    chunk_rows = CHUNK_MAX + rows * chunks
+    group_rows = GROUP_MAX + rows * ((chunks + 2**LOG_G - 1) >> LOG_G)
+    for n0 in range(start, end, BLOCK_N):
+        m_i, l_i, acc = _key_tile(
+            logit_rows, chunk_rows, group_rows, n0, end, l_mask, marks, m_i,
+            l_i, acc, k_base, v_base, skn, svn, offs_d, d_mask, qk_scale,
+            FUSED_TOPK, STORE_LOGITS, LOG_N, LOG_C, LOG_G, PRECISION, UPCAST)
     part = (g * m + offs_l).to(tl.int64) * splits + split  # [G, m, S]
     tl.store(
         PART_O + part[:, None] * d + offs_d[None, :],
         acc * (1.0 / l_i)[:, None],
         mask=r_mask)
     tl.store(PART_LSE + part, m_i + tl.log2(l_i), mask=l_mask)
-    if FUSED_TOPK:
-        offs_f = l0 + tl.arange(0, 2**LOG_F)
-        tl.store(
-            PART_TOP + ((g * m + offs_f).to(tl.int64) * splits +
-                        split)[:, None] * K_PAD +
-            tl.arange(0, K_PAD)[None, :],
-            best,
-            mask=(offs_f < m)[:, None])
 
 
 @triton.jit(do_not_specialize=['n', 'chunk'])
-def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
-          KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb, skh, skn,
-          svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
+def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, CHUNK_MAX,
+          GROUP_MAX, KEY_LOGITS, n, m, d, heads, chunk, sqb, sqh, sqn, skb,
+          skh, skn, svb, svh, svn, qk_scale, ROUTE: tl.constexpr,
           FUSED_TOPK: tl.constexpr, STORE_LOGITS: tl.constexpr,
-          LOG_L: tl.constexpr, LOG_LAST: tl.constexpr, LOG_N: tl.constexpr,
-          BLOCK_Q: tl.constexpr, E_TILE: tl.constexpr, M_PAD: tl.constexpr,
-          LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+          LOG_L: tl.constexpr, LOG_N: tl.constexpr, LOG_C: tl.constexpr,
+          LOG_G: tl.constexpr, BLOCK_Q: tl.constexpr, E_TILE: tl.constexpr,
+          M_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Split ``s`` (tokens ``[s chunk, (s + 1) chunk)``) of group ``g``
     (grid: G, S): per landmark, the partial softmax of ``s R K^T`` over its
-    keys (output and log-sum-exp) and their top ``K_PAD`` (``FUSED_TOPK``;
-    ``STORE_LOGITS``: ``R K^T`` stored instead); then the expert of each of
-    its queries (``ROUTE``; else the ids in ``GIVEN``) and their count per
-    expert. Landmarks in tiles of ``2**LOG_L``; a last, partial tile
-    (``LOG_LAST`` >= 0; else it is one of the others) folds only its first
-    ``2**LOG_LAST`` rows, which hold its landmarks."""
+    keys (output and log-sum-exp) and the largest logit of each of its
+    chunks of ``2**LOG_C`` tokens and groups of ``2**LOG_G`` chunks
+    (``FUSED_TOPK``; ``STORE_LOGITS``: ``R K^T`` stored instead); then the
+    expert of each of its queries (``ROUTE``; else the ids in ``GIVEN``)
+    and their count per expert.
+    Landmarks in tiles of ``2**LOG_L``."""
     BLOCK_L: tl.constexpr = 2**LOG_L  # landmarks per tile
     g = tl.program_id(0)
     split = tl.program_id(1)
@@ -589,20 +623,12 @@ def _keys(Q, K, V, R, GIVEN, EXPERT, COUNTS, PART_O, PART_LSE, PART_TOP,
     end = tl.minimum(start + chunk, n)
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
-    full = m
-    if LOG_LAST >= 0:
-        full = m // BLOCK_L * BLOCK_L
-    for l0 in range(0, full, BLOCK_L):
-        _landmark_tile(R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, l0, n, m,
-                       d, start, end, split, splits, k_base, v_base, skn, svn,
-                       offs_d, d_mask, qk_scale, FUSED_TOPK, STORE_LOGITS,
-                       LOG_L, LOG_L, LOG_N, LOG_K, BLOCK_D, PRECISION, UPCAST)
-    if LOG_LAST >= 0:
-        _landmark_tile(R, PART_O, PART_LSE, PART_TOP, KEY_LOGITS, g, full, n,
-                       m, d, start, end, split, splits, k_base, v_base, skn,
-                       svn, offs_d, d_mask, qk_scale, FUSED_TOPK, STORE_LOGITS,
-                       LOG_L, LOG_LAST, LOG_N, LOG_K, BLOCK_D, PRECISION,
-                       UPCAST)
+    for l0 in range(0, m, BLOCK_L):
+        _landmark_tile(R, PART_O, PART_LSE, CHUNK_MAX, GROUP_MAX, KEY_LOGITS,
+                       g, l0, n, m, d, start, end, split, splits, k_base,
+                       v_base, skn, svn, offs_d, d_mask, qk_scale, FUSED_TOPK,
+                       STORE_LOGITS, LOG_L, LOG_N, LOG_C, LOG_G, BLOCK_D,
+                       PRECISION, UPCAST)
     q_base = Q + _group_base(g, heads, sqb, sqh)
     counts = tl.zeros([M_PAD], tl.int32)
     for i0 in range(start, end, BLOCK_Q):
@@ -663,47 +689,104 @@ def _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
 
 
 @triton.jit
-def _fold_lists(best, PART_TOP, part, s0, splits, LOG_S: tl.constexpr,
-                LOG_K: tl.constexpr):
-    """``best`` (ascending) folded with the splits' lists ``s0 .. s0 +
-    2**LOG_S`` (rows ``part + s0 ..`` of [G, m, S], ascending), every other
-    one read backwards: the tile is then in the alternating sorted runs a
-    bitonic merge takes."""
-    BLOCK_S: tl.constexpr = 2**LOG_S
-    K_PAD: tl.constexpr = 2**LOG_K
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_k = tl.arange(0, K_PAD)
-    # Descending in even places of the tile (a lone list too), ascending in
-    # odd ones.
-    offs_run = tl.where((offs_s % 2 == 0)[:, None],
-                        K_PAD - 1 - offs_k[None, :], offs_k[None, :])
-    lists = tl.load(
-        PART_TOP + (part + s0 + offs_s)[:, None] * K_PAD + offs_run,
-        mask=(s0 + offs_s < splits)[:, None],
-        other=LOWEST)
-    return _fold_topk(best, tl.reshape(lists, [BLOCK_S * K_PAD]), 0,
-                      LOG_S + LOG_K, LOG_K, True)
+def _fold_chunks(best, maxima, index, valid, LOG_K: tl.constexpr):
+    """``best`` (ascending) folded with the maxima ``maxima[index]`` (where
+    ``valid``; ``2**LOG_K`` of them), keyed by index: ties to the lower
+    chunk (or group)."""
+    bits = tl.load(maxima + index, mask=valid, other=LOWEST_BITS)
+    return _fold_topk(best, _keyed(bits, index, valid), 0, LOG_K, LOG_K,
+                      False)
 
 
 @triton.jit
-def _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S: tl.constexpr,
-                 LOG_S_LAST: tl.constexpr, LOG_K: tl.constexpr):
-    """The ``k`` largest keys of landmark ``row`` (token indices) from the
-    splits' lists (rows ``part ..`` of [G, m, S], ascending), ``2**LOG_S``
-    lists at a time; a last, partial tile (``LOG_S_LAST`` >= 0; else it is
-    one of the others) of ``2**LOG_S_LAST``."""
-    BLOCK_S: tl.constexpr = 2**LOG_S
+def _fold_few(best, maxima, first, count, LOG_R: tl.constexpr,
+              LOG_K: tl.constexpr):
+    """``best`` (ascending, ``2**LOG_K``) folded with the ``2**LOG_R``
+    maxima ``first ..`` (before ``count``; ``LOG_R <= LOG_K``): sorted
+    descending, maxed into the first (smallest) places of ``best`` (an
+    ascending and a descending list, the rest of the descending one below
+    every key), one bitonic merge."""
+    R: tl.constexpr = 2**LOG_R
+    index = first + tl.arange(0, R)
+    valid = index < count
+    run = _keyed(tl.load(maxima + index, mask=valid, other=LOWEST_BITS),
+                 index, valid)
+    if LOG_R > 0:
+        run = _largest(run, 0, LOG_R, LOG_R, False)
+    rows = tl.reshape(best, [2**(LOG_K - LOG_R), R])
+    rows = tl.where(
+        tl.arange(0, 2**(LOG_K - LOG_R))[:, None] == 0,
+        tl.maximum(rows, run[None, :]), rows)
+    return tl.reshape(
+        _bitonic(tl.reshape(rows, [2] * LOG_K), LOG_K, LOG_K, 0),
+        best.shape)
+
+
+@triton.jit
+def _merged_topk(CHUNK_MAX, GROUP_MAX, K, R, TOPK, g, row, n, d, k, heads,
+                 skb, skh, skn, LOG_C: tl.constexpr, LOG_G: tl.constexpr,
+                 LOG_REST: tl.constexpr, LOG_K: tl.constexpr,
+                 LOG_L: tl.constexpr, BLOCK_D: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The ``k`` largest keys of landmark ``row`` (token indices) from its
+    maxima of chunks of ``2**LOG_C`` tokens (row ``row`` of [G, m,
+    chunks]): the ``K_PAD`` chunks of the largest maxima (ties to the lower
+    chunk; ``LOG_G`` > 0: among the chunks of the ``K_PAD`` groups of
+    ``2**LOG_G`` chunks of the largest maxima, rows of [G, m, groups]) hold
+    the ``K_PAD`` largest keys, as no key of another chunk beats the
+    maximum of each of them; their logits are recomputed as the keys pass
+    computed them, and the ``k`` largest kept. The groups' maxima ``K_PAD``
+    at a time, a last, partial tile (``LOG_REST`` >= 0; else it is one of
+    the others) of ``2**LOG_REST``."""
     K_PAD: tl.constexpr = 2**LOG_K
+    C: tl.constexpr = 2**LOG_C
+    G: tl.constexpr = 2**LOG_G
+    chunks = (n + C - 1) >> LOG_C
+    groups = (chunks + G - 1) >> LOG_G
+    maxima = CHUNK_MAX + row.to(tl.int64) * chunks
+    tops = maxima  # of the groups
+    if LOG_G > 0:
+        tops = GROUP_MAX + row.to(tl.int64) * groups
     offs_k = tl.arange(0, K_PAD)
+    # The K_PAD groups of chunks of the largest maxima.
     best = tl.full([K_PAD], LOWEST, tl.int64)
-    full = splits
-    if LOG_S_LAST >= 0:
-        full = splits // BLOCK_S * BLOCK_S
-    for s0 in range(0, full, BLOCK_S):
-        best = _fold_lists(best, PART_TOP, part, s0, splits, LOG_S, LOG_K)
-    if LOG_S_LAST >= 0:
-        best = _fold_lists(best, PART_TOP, part, full, splits, LOG_S_LAST,
-                           LOG_K)
+    full = groups
+    if LOG_REST >= 0:
+        full = groups // K_PAD * K_PAD
+    for s0 in range(0, full, K_PAD):
+        best = _fold_chunks(best, tops, s0 + offs_k, s0 + offs_k < groups,
+                            LOG_K)
+    if LOG_REST >= 0:
+        best = _fold_few(best, tops, full, groups, LOG_REST, LOG_K)
+    if LOG_G > 0:  # their chunks: the K_PAD of the largest maxima
+        group = _token_of(best)
+        best = tl.full([K_PAD], LOWEST, tl.int64)
+        for i in range(G):
+            index = group * G + i
+            best = _fold_chunks(best, maxima, index,
+                                (group < groups) & (index < chunks), LOG_K)
+    if LOG_C > 0:
+        # Their tokens, the i-th of every chunk at a time: logits
+        # recomputed (the landmark in every row of the keys pass's
+        # product). Chunks of one token: the keys already are the tokens'.
+        chunk = _token_of(best)
+        offs_d, d_mask = _head_dim(d, BLOCK_D)
+        marks = tl.load(
+            R + row.to(tl.int64) * d + offs_d[None, :] +
+            tl.zeros([2**LOG_L, 1], tl.int64),
+            mask=d_mask[None, :], other=0.0)
+        k_base = K + _group_base(g, heads, skb, skh)
+        best = tl.full([K_PAD], LOWEST, tl.int64)
+        for i in range(C):
+            token = chunk * C + i
+            valid = (chunk < chunks) & (token < n)
+            keys = _load_rows(k_base, token, valid, skn, offs_d, d_mask)
+            logits = tl.reshape(
+                _first_rows(_logits(marks, keys, PRECISION, UPCAST), LOG_L,
+                            0), [K_PAD])
+            logits = tl.gather(logits, offs_k, 0)  # one copy, not one a row
+            best = _fold_topk(best, _ranked(logits, token, valid), 0, LOG_K,
+                              LOG_K, False)
     # The k largest are the last k (ascending).
     tl.store(
         TOPK + row.to(tl.int64) * k + offs_k - (K_PAD - k),
@@ -851,12 +934,14 @@ def _split_slots(EXPERT, COUNTS, SLOTS, g, split, n, m, chunk, splits,
 @triton.jit(do_not_specialize=[
     'n', 'k', 'chunk', 'splits', 'slots_per_group', 'num_blocks'
 ])
-def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
-           BLOCK_EXPERT, n, m, k, d, chunk, splits, slots_per_group,
-           num_blocks, FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr,
-           LOG_S: tl.constexpr, LOG_S_LAST: tl.constexpr,
+def _merge(PART_O, PART_LSE, CHUNK_MAX, GROUP_MAX, COUNTS, EXPERT, K, R, VT,
+           LSE_R, TOPK, SLOTS, BLOCK_EXPERT, n, m, k, d, heads, skb, skh, skn,
+           chunk, splits, slots_per_group, num_blocks,
+           FUSED_TOPK: tl.constexpr, BLOCK: tl.constexpr, LOG_S: tl.constexpr,
            BLOCK_I: tl.constexpr, ROWS: tl.constexpr, LOG_E: tl.constexpr,
-           M_PAD: tl.constexpr, LOG_K: tl.constexpr, BLOCK_D: tl.constexpr,
+           M_PAD: tl.constexpr, LOG_K: tl.constexpr, LOG_C: tl.constexpr,
+           LOG_G: tl.constexpr, LOG_REST: tl.constexpr, LOG_L: tl.constexpr,
+           BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
            UPCAST: tl.constexpr):
     """Program ``p`` of group ``g`` (grid: G, max(m, S)): for expert
     ``p < m``, its shared values and log-sum-exp, its top-k keys
@@ -870,8 +955,9 @@ def _merge(PART_O, PART_LSE, PART_TOP, COUNTS, EXPERT, VT, LSE_R, TOPK, SLOTS,
         _shared_expert(PART_O, PART_LSE, VT, LSE_R, row, part, splits, d,
                        2**LOG_S, BLOCK_D, UPCAST)
         if FUSED_TOPK:
-            _merged_topk(PART_TOP, TOPK, row, part, splits, k, LOG_S,
-                         LOG_S_LAST, LOG_K)
+            _merged_topk(CHUNK_MAX, GROUP_MAX, K, R, TOPK, g, row, n, d, k,
+                         heads, skb, skh, skn, LOG_C, LOG_G, LOG_REST, LOG_K,
+                         LOG_L, BLOCK_D, PRECISION, UPCAST)
         _expert_blocks(COUNTS, SLOTS, BLOCK_EXPERT, g, p, m, splits,
                        slots_per_group, num_blocks, BLOCK, 2**LOG_S, BLOCK_I,
                        M_PAD)
@@ -1076,11 +1162,40 @@ def _log2(x: int) -> int:
     return x.bit_length() - 1
 
 
-# A fused top-k keeps a sorted list per landmark: a bitonic sort of every
-# tile of R K^T, (log2 K)(log2 K + 1) / 2 compare-exchange steps per logit.
-# Up to K = 64 that costs less than writing R K^T (float32) for
-# torch.topk's passes; larger k: R K^T is stored and torch.topk selects.
+# The fused top-k folds K_PAD (k rounded up to a power of two) keys at a
+# time into a sorted list: (log2 K)(log2 K + 3) / 2 + 1 compare-exchange
+# steps per key folded (28 at K = 64), on the chunk maxima and their
+# candidates. Larger k: R K^T is stored and torch.topk selects.
 TOPK_FUSED_MAX = 64
+
+
+def _chunking(n: int, k_pad: int, tile: int) -> Tuple[int, int]:
+    """log2 of the tokens per chunk (at most ``k_pad``) and of the chunks
+    per group (a group at most ``tile`` tokens: the keys pass's key tile
+    holds whole groups) of the fused top-k of ``n`` tokens, ``k_pad`` a
+    fold: the
+    fewest folds of ``k_pad`` keys (the groups' maxima, ``k_pad`` at a
+    time; the chunks of the ``k_pad`` best groups, if groups have several;
+    the tokens of the ``k_pad`` best chunks, a fold that recomputes their
+    logits: counted twice; none for chunks of one token, whose maxima are
+    the tokens' own keys), then one level rather than two, then the
+    fewest chunks. k = 49 (``k_pad`` 64): chunks of 1 token in groups of 4
+    at n = 1025, of 4 tokens in groups of 4 at 4097, of 8 in groups of 8 at
+    65537."""
+    best = None
+    for log_c in range(_log2(min(k_pad, tile)) + 1):
+        chunks = _cdiv(n, 1 << log_c)
+        for log_g in range(_log2(tile) - log_c + 1):
+            # A fold of tokens recomputes their logits too: about twice a
+            # fold of maxima (sm_90's SASS, 1 warp); none for chunks of one
+            # token (their maxima are the tokens' logits).
+            folds = (_cdiv(_cdiv(chunks, 1 << log_g), k_pad) +
+                     (1 << log_g if log_g else 0) +
+                     (2 << log_c if log_c else 0))
+            key = (folds, log_g > 0, -log_c)
+            if best is None or key < best[0]:
+                best = key, (log_c, log_g)
+    return best[1]
 
 
 # Pipeline stages of _keys, _experts_fwd, _experts_bwd and _shared_bwd in
@@ -1127,15 +1242,9 @@ class _Config:
         else:
             self._gpu_tiles(n, m, dtype, arch)
         self.block_l = 16  # landmarks per tile of the keys pass
-        # The rows of a last, partial tile that its top-k fold keeps (the
-        # landmarks it holds, rounded up to a power of two); -1: none, or
-        # folded whole (sm_89 and other targets: the second copy of the
-        # fold spills there).
-        last = m % self.block_l
-        self.log_last = (_log2(_next_pow2(last)) if last and arch in (
-            None, 80, 90) else -1)
-        if self.fused_topk:  # a top-k fold needs at least K_PAD keys
-            self.keys_n = max(self.keys_n, self.k_pad)
+        # The fused top-k's chunks of 2**log_c tokens, in groups of
+        # 2**log_g (a key tile holds whole groups).
+        self.log_c, self.log_g = _chunking(n, self.k_pad, self.keys_n)
         # Splits of the keys pass: two waves of programs over the groups (a
         # few programs in the interpreter, which runs them one by one), at
         # least two key tiles each.
@@ -1146,17 +1255,13 @@ class _Config:
             self.keys_n)
         self.splits = _cdiv(n, self.chunk)
         # Splits per tile of the merge (2 in the interpreter: several tiles
-        # and a last, partial one); a last, partial tile of the top-k lists
-        # folds the lists it holds, rounded up to a power of two (-1: none).
+        # and a last, partial one).
         self.block_s = min(2 if arch is None else 16, _next_pow2(self.splits))
-        rest = self.splits % self.block_s
-        self.log_s_last = _log2(_next_pow2(rest)) if rest else -1
         if arch is not None:  # small tiles: warps from the programs an SM
             self.options.update(
                 pool=dict(num_warps=self._few_warps(groups * m),
                           num_stages=1),
-                merge=dict(num_warps=self._few_warps(groups *
-                                                     max(m, self.splits)),
+                merge=dict(num_warps=self._merge_warps(groups),
                            num_stages=1, maxnreg=MAX_REGISTERS))
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
@@ -1219,6 +1324,17 @@ class _Config:
         for options in self.options.values():
             if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
+        if arch == 80:  # ptxas 12.9 (triton 3.9) held it at 168 and spilled
+            self.options['keys']['maxnreg'] = MAX_REGISTERS
+
+    def _merge_warps(self, groups: int) -> int:
+        """The merge's warps: 1 with a fused top-k (its folds of ``K_PAD``
+        keys, about 2 a lane on 1 warp, would be repeated by more warps or
+        split between them through shared memory: 950 instructions a warp
+        for a fold on 4, 390 on 1), else by its programs."""
+        if self.fused_topk:
+            return 1
+        return self._few_warps(groups * max(self.m, self.splits))
 
     def _few_warps(self, programs: int) -> int:
         """Warps of a program of small tiles (a landmark's pooling; the
@@ -1229,6 +1345,24 @@ class _Config:
         SM, 2 where it has 4, else 4."""
         per_sm = programs / self.sms
         return 1 if per_sm >= 8 else 2 if per_sm >= 4 else 4
+
+    @property
+    def chunks(self) -> int:
+        """Chunks of the fused top-k per landmark."""
+        return _cdiv(self.n, 1 << self.log_c)
+
+    @property
+    def chunk_groups(self) -> int:
+        """Groups of chunks of the fused top-k per landmark."""
+        return _cdiv(self.chunks, 1 << self.log_g)
+
+    @property
+    def log_rest(self) -> int:
+        """The merge folds the groups' maxima K_PAD at a time; a last,
+        partial tile the maxima it holds, rounded up to a power of two (-1:
+        none)."""
+        rest = self.chunk_groups % self.k_pad
+        return _log2(_next_pow2(rest)) if rest else -1
 
     @property
     def sort_rows(self) -> int:
@@ -1325,20 +1459,21 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     counts = q.new_empty(g, cfg.splits, cfg.m_pad, dtype=i32)
     part_o = q.new_empty(g, m, cfg.splits, d, dtype=f32)
     part_lse = q.new_empty(g, m, cfg.splits, dtype=f32)
-    part_top = q.new_empty((g, m, cfg.splits, cfg.k_pad) if fused else (0, ),
-                           dtype=i64)
+    chunk_max = q.new_empty((g, m, cfg.chunks) if fused else (0, ),
+                            dtype=i32)
+    group_max = q.new_empty(
+        (g, m, cfg.chunk_groups) if fused and cfg.log_g else (0, ),
+        dtype=i32)
     key_logits = q.new_empty((g, m, n) if store_logits else (0, ), dtype=f32)
     _keys[cfg.grid('keys')](
         q, k, v, marks, ids if expert is None else expert, ids, counts,
-        part_o, part_lse, part_top, key_logits, n, m, d, heads, cfg.chunk,
-        *_strides(q), *_strides(k), *_strides(v), qk_scale,
+        part_o, part_lse, chunk_max, group_max, key_logits, n, m, d, heads,
+        cfg.chunk, *_strides(q), *_strides(k), *_strides(v), qk_scale,
         ROUTE=expert is None, FUSED_TOPK=fused, STORE_LOGITS=store_logits,
-        LOG_L=_log2(cfg.block_l), LOG_LAST=cfg.log_last,
-        LOG_N=_log2(cfg.keys_n),
-        BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile, M_PAD=cfg.m_pad,
-        LOG_K=_log2(cfg.k_pad),
-        BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
-        **cfg.launch('keys'))
+        LOG_L=_log2(cfg.block_l), LOG_N=_log2(cfg.keys_n), LOG_C=cfg.log_c,
+        LOG_G=cfg.log_g, BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile,
+        M_PAD=cfg.m_pad, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        UPCAST=cfg.upcast, **cfg.launch('keys'))
     if topk_index is not None:  # given: an output must not alias an input
         topk_index = topk_index.clone(memory_format=torch.contiguous_format)
     elif store_logits:
@@ -1350,15 +1485,16 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
     slots = q.new_empty(g, cfg.slots, dtype=i32)
     block_expert = q.new_empty(g, cfg.num_blocks, dtype=i32)
     _merge[cfg.grid('merge')](
-        part_o, part_lse, part_top, counts, ids, shared_values, lse_shared,
-        topk_index, slots, block_expert, n, m, cfg.k, d, cfg.chunk,
-        cfg.splits, cfg.slots, cfg.num_blocks, FUSED_TOPK=fused,
-        BLOCK=cfg.block, LOG_S=_log2(cfg.block_s),
-        LOG_S_LAST=cfg.log_s_last, BLOCK_I=cfg.block_i,
-        ROWS=cfg.sort_rows, LOG_E=_log2(cfg.e_tile), M_PAD=cfg.m_pad,
-        LOG_K=_log2(cfg.k_pad),
-        BLOCK_D=cfg.block_d,
-        UPCAST=cfg.upcast, **cfg.launch('merge'))
+        part_o, part_lse, chunk_max, group_max, counts, ids, k, marks,
+        shared_values, lse_shared, topk_index, slots, block_expert, n, m,
+        cfg.k, d, heads,
+        *_strides(k), cfg.chunk, cfg.splits, cfg.slots, cfg.num_blocks,
+        FUSED_TOPK=fused, BLOCK=cfg.block, LOG_S=_log2(cfg.block_s),
+        BLOCK_I=cfg.block_i, ROWS=cfg.sort_rows, LOG_E=_log2(cfg.e_tile),
+        M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad), LOG_C=cfg.log_c,
+        LOG_G=cfg.log_g, LOG_REST=cfg.log_rest, LOG_L=_log2(cfg.block_l),
+        BLOCK_D=cfg.block_d, PRECISION=cfg.precision, UPCAST=cfg.upcast,
+        **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)
     lse = q.new_empty(g, n, dtype=f32)
     _experts_fwd[cfg.grid('experts_fwd')](

@@ -346,6 +346,77 @@ def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
     assert kth[0] == kth[1]  # the tie at the boundary
 
 
+@pytest.fixture
+def chunking(monkeypatch):
+    """``use(log_c, log_g)``: the fused top-k's chunks of ``2**log_c``
+    tokens in groups of ``2**log_g`` (the interpreter's tiles otherwise)."""
+
+    def use(log_c, log_g):
+        config = triton_backend._config
+
+        def forced(q, m, k):
+            cfg = config(q, m, k)
+            cfg.log_c, cfg.log_g = log_c, log_g
+            return cfg
+
+        monkeypatch.setattr(triton_backend, '_config', forced)
+
+    return use
+
+
+@pytest.mark.parametrize('log_c,log_g', [(2, 0), (1, 2), (2, 2), (0, 3)])
+@pytest.mark.parametrize(
+    'rows', ['random', 'equal', 'one_chunk', 'equal_maxima', 'last', 'nan'])
+def test_topk_by_chunk_maxima_is_exact(chunking, rows, log_c, log_g):
+    # The merge picks the K_PAD chunks (c tokens; in groups of g chunks:
+    # first the K_PAD groups) of the largest maxima and recomputes their
+    # tokens' logits: the set must be torch.topk's, lower token on ties.
+    # Integer keys and queries, landmarks of 4 x 4 bins: R K^T exact. N =
+    # 257 is no multiple of c (the last chunk holds one token, the last
+    # group one chunk: the merge's last, partial tile); k = 6 of K_PAD =
+    # 16; chunks of 1 to 4 tokens, in groups of 1 to 8. Rows: random (and
+    # a NaN key); every key equal; the best keys all in one chunk; every
+    # chunk's maximum equal (ties between chunks go to the lower one); the
+    # last token the largest; a NaN landmark (every logit NaN, ranked above
+    # every number: its first k tokens).
+    chunking(log_c, log_g)
+    hw, pool, g, d, topk = (16, 16), (4, 4), 2, 16, 6
+    n = 1 + hw[0] * hw[1]
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randint(1, 4, (1, g, n, d), generator=gen).float()
+    k = torch.randint(-3, 2, (1, g, n, d), generator=gen).float()
+    if rows == 'random':
+        k[0, :, 7] = float('nan')
+    elif rows == 'equal':
+        k[:] = 1.0
+    elif rows == 'one_chunk':  # 16 tokens from 128: every chunk size
+        k[0, :, 128:144] = torch.randint(5, 9, (g, 16, d), generator=gen)
+    elif rows == 'equal_maxima':  # one key of every 16 the largest
+        k[0, :, ::16] = 4.0
+    elif rows == 'last':
+        k[0, :, -1] = 4.0
+    else:
+        q[0, 1, 1 + 3 * hw[1] + 2] = float('nan')  # in landmark 0's bin
+    res = _fused_forward(q, k, torch.randn(q.shape), hw, 1, pool, topk)
+    logits = res['landmarks'].double() @ k[0].double().transpose(1, 2)
+    rank = torch.where(logits.isnan(), float('inf'), logits)
+    want = torch.sort(-rank, stable=True).indices[..., :topk]
+    assert torch.equal(res['topk_index'].sort(-1).values,
+                       want.sort(-1).values)
+    if rows == 'nan':
+        assert res['landmarks'][1, 0].isnan().all()
+        assert res['topk_index'][1, 0].sort().values.tolist() == list(
+            range(topk))
+
+
+@pytest.mark.parametrize('log_c,log_g', [(2, 0), (1, 2)])
+def test_topk_by_chunk_maxima_with_k_at_least_n(chunking, log_c, log_g):
+    # k >= N: every token, in chunks of 4 (or 2 in groups of 4) of N = 31:
+    # fewer groups than K_PAD = 32 (one partial tile of 8, or 4).
+    chunking(log_c, log_g)
+    _check_against_reference(1, 1, (5, 6), 1, (2, 3), 1000, 16)
+
+
 def test_tied_top_k_logits_match_reference(gpu_tiles):
     # Queries along one direction (so are the landmarks); keys 5, 60 and
     # 130 are one key far along it: tied logits, the largest of every
@@ -363,14 +434,18 @@ def test_tied_top_k_logits_match_reference(gpu_tiles):
     (65537, 49, 48, 1), (4097, 66, 16, 1), (4097, 65, 16, 2),
     (4097, 66, 8, 2), (4097, 65, 8, 4)])
 def test_small_tiles_take_fewer_warps_on_larger_grids(n, m, groups, warps):
-    # The merge and the pooling (G x m programs each here): 1 warp a
-    # program from 8 programs an SM (132 on sm_90), 2 from 4, else 4: a
-    # scheduler keeps two warps or more. At the bounds: 16 x 66 programs
-    # are 8 an SM, 16 x 65 fewer; 8 x 66 are 4.
-    cfg = triton_backend._Config(n, m, 64, 49, groups, torch.bfloat16, 90)
-    assert cfg.grid('merge')[1] == m
+    # The pooling, and the merge without a fused top-k (k > 64; G x m
+    # programs each here): 1 warp a program from 8 programs an SM (132 on
+    # sm_90), 2 from 4, else 4: a scheduler keeps two warps or more. At the
+    # bounds: 16 x 66 programs are 8 an SM, 16 x 65 fewer; 8 x 66 are 4.
+    # With a fused top-k (k = 49) the merge takes 1 warp (its folds of 64
+    # keys, 2 a lane, would be repeated or split by more).
+    cfg = triton_backend._Config(n, m, 64, 80, groups, torch.bfloat16, 90)
+    assert cfg.grid('merge')[1] == m and not cfg.fused_topk
     assert cfg.options['merge']['num_warps'] == cfg.sort_rows == warps
     assert cfg.options['pool']['num_warps'] == warps
+    fused = triton_backend._Config(n, m, 64, 49, groups, torch.bfloat16, 90)
+    assert fused.options['merge']['num_warps'] == fused.sort_rows == 1
 
 
 def test_every_launch_fills_an_h200_at_65537_tokens():
