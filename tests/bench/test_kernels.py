@@ -181,6 +181,67 @@ def test_kernels_command_one_target_one_shape(tmp_path, triton_cache,
     ]
 
 
+def _launch_row(tokens, stage, roofline_us, estimate_us, nbytes,
+                arch=90):
+    return dict(arch=arch, tokens=tokens, stage=stage, kind='triton',
+                roofline_s=roofline_us * 1e-6,
+                estimate_s=None if estimate_us is None else
+                estimate_us * 1e-6, bytes=nbytes)
+
+
+def _stage(tokens, stage, roofline_us, estimate_us, attention_us,
+           attention_bytes, arch=90):
+    return dict(arch=arch, tokens=tokens, stage=stage,
+                roofline_s=roofline_us * 1e-6,
+                estimate_s=None if estimate_us is None else
+                estimate_us * 1e-6, attention_roofline_s=attention_us * 1e-6,
+                attention_bytes=attention_bytes)
+
+
+def test_targets_values_at_their_bounds():
+    """Each kind of target on rows written by hand: a value equal to its
+    bound is met; kernels under ``min_roofline_s`` do not count for it;
+    other parts (sm_80) do not count at all."""
+    rows = [
+        _launch_row(1025, 'forward', 10, 20, 100),  # 2.0x, roofline 10 us
+        _launch_row(1025, 'backward', 2, 6, 150),  # 3.0x, roofline 2 us
+        _launch_row(4097, 'forward', 10, 15, 10),
+        _launch_row(1025, 'forward', 1, 100, 10**9, arch=80),
+    ]
+    stages = [
+        _stage(1025, 'forward', 10, 20, 0, 0),  # 2.0
+        _stage(1025, 'backward', 2, 6, 0, 0),  # 3.0
+        _stage(1025, 'total', 12, 90, 45, 100),
+        _stage(4097, 'total', 10, 40, 100, 10),
+        _stage(1025, 'total', 1, 1, 1, 1, arch=80),
+    ]
+    targets = {t.key: t for t in kernels.TARGETS}
+    want = {
+        'kernel_estimate_within_3x_roofline': (3.0, True),
+        'kernel_estimate_within_2x_roofline_from_5us': (2.0, True),
+        'kernel_estimate_within_2x_roofline': (3.0, False),
+        'stage_estimate_within_2x_roofline': (3.0, False),
+        'bytes_1025_vs_attention': (2.5, True),  # 250 bytes over 100
+        'estimate_1025_us': (90.0, True),
+        'roofline_1025_vs_attention': (12 / 45, True),
+        'estimate_4097_vs_attention_roofline': (0.40, True),
+    }
+    for key, (value, met) in want.items():
+        got = kernels._target(targets[key], rows, stages)
+        assert got['value'] == pytest.approx(value), key
+        assert got['met'] is met, key
+    missing = kernels._target(
+        targets['estimate_65537_vs_attention_roofline'], rows, stages)
+    assert missing['value'] is None and not missing['met']
+    assert 'no sm_90 call' in missing['why']
+    rows[0]['estimate_s'] = None  # a launch without an estimate
+    unfit = kernels._target(targets['kernel_estimate_within_3x_roofline'],
+                            rows, stages)
+    assert unfit['value'] is None and 'does not fit' in unfit['why']
+    assert [t.key for t in kernels.TARGETS if t.diagnostic] == [
+        'kernel_estimate_within_2x_roofline', 'roofline_1025_vs_attention']
+
+
 @pytest.mark.parametrize('tokens, message', [(49, 'need tokens >= 50'),
                                               (1 + 5 * 13, 'narrower')])
 def test_shapes_that_cannot_be_pooled_are_refused(tokens, message, capsys):
