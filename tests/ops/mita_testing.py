@@ -69,6 +69,28 @@ def assert_matches_reference(out, ref, inputs, rtol=1e-10, atol=1e-10,
                                    msg=lambda m: f'grad of {name}: {m}')
 
 
+def assert_topk_is_largest(landmarks, k, topk_index, rtol=1e-4):
+    """``topk_index`` [G, m, topk] (a forward's routed keys) holds, for
+    every landmark of ``landmarks`` [G, m, d], distinct tokens whose logits
+    ``R K^T`` (float64, on the stored landmarks and the keys ``k`` [B, H,
+    N, d]) are the largest up to a float32 product's rounding: no token
+    left out beats one selected by more than ``rtol`` of the largest
+    ``|R| |K|^T`` (what a top-k over the kernel's own logits gives)."""
+    r = landmarks.double()
+    keys = k.detach().flatten(0, 1).double()
+    logits = r @ keys.transpose(1, 2)
+    tol = rtol * float((r.abs() @ keys.abs().transpose(1, 2)).amax())
+    index = topk_index.long()
+    ordered = index.sort(-1).values
+    assert (ordered[..., 1:] != ordered[..., :-1]).all(), 'a token twice'
+    chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(
+        -1, index, True)
+    lowest = logits.masked_fill(~chosen, float('inf')).amin(-1)
+    highest = logits.masked_fill(chosen, -float('inf')).amax(-1)
+    worst = float((highest - lowest).amax())
+    assert worst <= tol, f'a token left out beats a selected one by {worst}'
+
+
 def assert_same_gradients(got, want, rtol, atol):
     """Each gradient of ``got`` equals that of ``want``, and none of
     ``want`` is all zero (a compiled backward that drops the gradient must

@@ -15,8 +15,8 @@ import pytest
 import torch
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
-from mita_testing import (aligned_qkv, experts_of, flash_attn_runs, plan_of,
-                          random_qkv)
+from mita_testing import (aligned_qkv, assert_topk_is_largest, experts_of,
+                          flash_attn_runs, plan_of, random_qkv)
 
 from mmseg_mita.ops import flash_backend, mita_attention, select_backend
 
@@ -159,6 +159,23 @@ def test_triton_matches_torch_backend_at_larger_sizes(n_side, d):
             torch.autograd.grad(out, (q, k, v), grad))
     for got, want in zip(results['triton'], results['torch']):
         assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+@pytest.mark.parametrize('n_side', [32, 64, 256])
+def test_triton_topk_is_the_largest_on_cuda(n_side):
+    # The fused top-k by chunk maxima compiled (chunks of 1, 4 and 8
+    # tokens at N = 1025, 4097, 65537; the last two recompute their
+    # candidates' logits in the merge): every landmark's 49 keys are the
+    # largest of R K^T up to a float32 product's rounding.
+    _require_triton()
+    from mmseg_mita.ops import triton_backend
+    hw = (n_side, n_side)
+    q, k, v = (torch.randn(1, 2, 1 + n_side * n_side, 64, device='cuda',
+                           dtype=torch.bfloat16) for _ in range(3))
+    outs = triton_backend.mita_triton_fwd(q, k, v, *hw, 1, 7, 7, 49, None,
+                                          None)
+    landmarks, topk_index = outs[2], outs[5]
+    assert_topk_is_largest(landmarks, k, topk_index)
 
 
 def test_triton_under_autocast_on_cuda():

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from low_precision import (assert_as_accurate_as_torch, relative_error,
                            triton_with_routing)
-from mita_testing import (aligned_qkv, assert_same_gradients, experts_of,
-                          plan_of, random_qkv)
+from mita_testing import (aligned_qkv, assert_same_gradients,
+                          assert_topk_is_largest, experts_of, plan_of,
+                          random_qkv)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmseg_mita.bench import hardware
@@ -407,6 +408,24 @@ def test_topk_by_chunk_maxima_is_exact(chunking, rows, log_c, log_g):
         assert res['landmarks'][1, 0].isnan().all()
         assert res['topk_index'][1, 0].sort().values.tolist() == list(
             range(topk))
+
+
+@pytest.mark.parametrize('log_c,log_g', [(0, 2), (2, 2)])
+def test_topk_of_random_logits_is_the_largest(gpu_tiles, chunking, log_c,
+                                              log_g):
+    # Random float32 inputs at the GPU's tiles, chunks of 1 token (no
+    # recompute) or 4 in groups of 4: the check that test_cuda_backends.py
+    # runs on the device, where only the compiled kernels can go wrong.
+    gpu_tiles(90, torch.bfloat16)
+    chunking(log_c, log_g)
+    hw, pool, topk = (16, 16), (4, 4), 10
+    q, k, v = (t.detach().float() for t in random_qkv(1, 2, 257, 16))
+    res = _fused_forward(q, k, v, hw, 1, pool, topk)
+    assert_topk_is_largest(res['landmarks'], k, res['topk_index'])
+    wrong = res['topk_index'].clone()
+    wrong[1, 3, 0] = (wrong[1, 3].max() + 1) % 257  # the check can fail
+    with pytest.raises(AssertionError):
+        assert_topk_is_largest(res['landmarks'], k, wrong)
 
 
 @pytest.mark.parametrize('log_c,log_g', [(2, 0), (1, 2)])
