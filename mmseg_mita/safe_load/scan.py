@@ -31,7 +31,7 @@ their bytes in the pickle (:mod:`.allowed`).
 import io
 import pickle
 import struct
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch._utils import IMPORT_MAPPING, NAME_MAPPING
@@ -106,12 +106,14 @@ def _rebuild_qtensor(storage=None, offset=None, size=None, *_):
     return _Result()
 
 
-def _tensor_bytes(storage: Any, size: Any, dtype: torch.dtype) -> None:
-    """A tensor of ``size`` and ``dtype`` on ``storage`` (a
-    :class:`Storage`; anything else torch refuses) has at most as many
-    elements as the storage holds."""
+def _tensor_bytes(storage: Any, size: Any,
+                  dtype: Optional[torch.dtype] = None) -> None:
+    """A tensor of ``size`` and ``dtype`` (default: the storage's) on
+    ``storage`` (a :class:`Storage`; anything else torch refuses) has at
+    most as many elements as the storage holds."""
     if type(storage) is not Storage:
         return
+    dtype = storage.dtype if dtype is None else dtype
     nbytes = _numel(size, 'a tensor') * torch._utils._element_size(dtype)
     if nbytes > storage.nbytes:
         raise Refused(
@@ -123,8 +125,7 @@ def _tensor_bytes(storage: Any, size: Any, dtype: torch.dtype) -> None:
 
 def _rebuild_tensor(storage=None, offset=None, size=(), *_):
     """``_rebuild_tensor``, ``_rebuild_tensor_v2``: the storage's dtype."""
-    if type(storage) is Storage:
-        _tensor_bytes(storage, size, storage.dtype)
+    _tensor_bytes(storage, size)
     return _Result()
 
 
