@@ -136,12 +136,45 @@ def _routed_rows(a: Args) -> int:
     return min(a.n, a.m * a.k)
 
 
+def _live_tiles(a: Args) -> int:
+    """Tiles of ``BLOCK_M`` slots of a group that hold a query, when every
+    expert gets N / m queries (an expert's queries fill its slots first)."""
+    return min(a.slots_per_group // a.BLOCK_M,
+               a.m * cdiv(cdiv(a.n, a.m), a.BLOCK_M))
+
+
 def _expert_programs(a: Args) -> int:
-    """Programs (``BLOCK_M`` slots of a block) whose slots hold a query,
-    when every expert gets N / m queries (an expert's queries fill its
-    slots first; the others return at once)."""
-    return a.G * min(a.slots_per_group // a.BLOCK_M,
-                     a.m * cdiv(cdiv(a.n, a.m), a.BLOCK_M))
+    """Programs of ``_experts_fwd`` (a tile of ``BLOCK_M`` slots each) whose
+    slots hold a query (the others return at once)."""
+    return a.G * _live_tiles(a)
+
+
+def _bwd_tiles(a: Args) -> float:
+    """Tiles holding queries per program of ``_experts_bwd`` (its programs
+    share a group's tiles out, every ``grid[1]``-th; a tile of no query
+    skips the loop's body)."""
+    return _live_tiles(a) / a.grid[1]
+
+
+def _bwd_trips(a: Args) -> List[float]:
+    """``_experts_bwd``'s loops: the program's tiles of queries and, in
+    each, the compressed keys' tiles (unless they are all one tile, summed
+    over the program: ``SUM_LANDMARKS``) and the routed keys' tiles."""
+    compressed = [] if a.SUM_LANDMARKS else [cdiv(a.m, a.BLOCK_N)]
+    return [_bwd_tiles(a)] + compressed + [cdiv(a.k, a.BLOCK_N)]
+
+
+def _bwd_atomic_share(a: Args) -> float:
+    """The live share of ``_experts_bwd``'s atomics: per tile of queries,
+    the routed keys' dk, dv (``k`` rows in tiles of ``BLOCK_N``) and,
+    unless summed over the program, dR and dVt (``m`` rows in tiles of
+    ``BLOCK_N``); if summed, dR and dVt per program (``m`` rows of
+    ``M_PAD``)."""
+    if not a.SUM_LANDMARKS:
+        return _live_share(a, [a.m, a.k], a.BLOCK_N)
+    tiles = _bwd_tiles(a)
+    full = tiles * cdiv(a.k, a.BLOCK_N) * a.BLOCK_N + a.M_PAD
+    return (tiles * a.k + a.m) / full * a.d / a.BLOCK_D
 
 
 def _live_share(a: Args, rows: Sequence[int], tile: int) -> float:
@@ -263,17 +296,17 @@ KERNELS: Dict[str, KernelModel] = {
             a.m * a.k * a.size('TOPK') + _layout_bytes(a) + a.n * 4),
         flops=lambda a: a.G * 4 * a.n * (a.m + a.k) * a.d,
         programs=_expert_programs),
-    # Loops: as _experts_fwd. Reads q, o, dO, lse and what the forward read;
-    # writes dq (float32) and adds dR, dVt and the routed dk, dv (float32).
+    # Loops: see _bwd_trips. Reads q, o, dO, lse and what the forward read;
+    # writes dq (float32), adds the routed dk, dv per tile and dR, dVt per
+    # tile or per program (float32).
     '_experts_bwd': KernelModel(
-        trips=lambda a: [cdiv(a.m, a.BLOCK_N), cdiv(a.k, a.BLOCK_N)],
+        trips=_bwd_trips,
         bytes=lambda a: a.G * (
             (3 * a.n + 2 * a.m + 2 * _routed_rows(a)) * a.d * a.size('Q') +
             a.n * 4 + a.m * a.k * a.size('TOPK') + _layout_bytes(a) +
             (a.n + 2 * _routed_rows(a) + 2 * a.m) * a.d * a.size('DQ_ACC')),
         flops=lambda a: a.G * 10 * a.n * (a.m + a.k) * a.d,
-        programs=_expert_programs,
-        atomic_share=lambda a: _live_share(a, [a.m, a.k], a.BLOCK_N)),
+        atomic_share=_bwd_atomic_share),
     # Loop: the landmarks. Reads K, V, R, Vt, their lse, dVt and the routed
     # dk, dv sums; writes dk, dv and adds dR.
     '_shared_bwd': KernelModel(

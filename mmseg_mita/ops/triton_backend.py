@@ -63,13 +63,20 @@ For ``k > 64`` (:data:`TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
 Backward (flash-style: probabilities recomputed from the saved
 log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
 
-1. ``_experts_bwd``, one program per ``BLOCK_M`` slots: ``delta =
-   rowsum(dO * O)``; compressed keys: ``dq += s^2 dS R``, ``dR += s^2 dS^T
-   q`` and ``dVt += P^T dO`` (atomics; the probabilities are already in
-   registers, so ``dVt`` needs no second pass); routed keys: ``dq += s dS
-   K``, ``dk += s dS^T q``, ``dv += P^T dO`` (atomics: a key may be routed
-   by several experts, an expert span several blocks). ``dq`` (float32) is
-   stored;
+1. ``_experts_bwd``, grid (G, P): program ``p`` takes the group's tiles
+   of ``BLOCK_M`` slots ``p, p + P, ..`` (strided: the unused blocks, at
+   the layout's end, are shared out; ``P`` makes about two waves of
+   programs). Per tile holding queries: ``delta = rowsum(dO * O)``;
+   compressed keys: ``dq += s^2 dS R``, ``dR += s^2 dS^T q``, ``dVt += P^T
+   dO``; routed keys: ``dq += s dS K``, ``dk += s dS^T q``, ``dv += P^T
+   dO`` (atomics: a key may be routed by several experts, an expert span
+   several blocks). ``dq`` (float32) is stored. ``dR``, ``dVt``
+   (float32): with ``SUM_LANDMARKS`` (sm_90, 16 bits, head_dim <= 64: the
+   target whose registers hold it) every landmark in one tile, summed in
+   registers over the program's tiles (every query attends to every
+   landmark, so the sums run across experts) and added once at its end
+   (``P`` atomic adds a landmark and group: 6 instead of 49 at N = 1025);
+   else added atomically a tile;
 2. ``_shared_bwd``, one program per (group, key block): the shared
    expert's backward from its saved log-sum-exp,
    ``dS = P (dVt V^T - rowsum(dVt * Vt))``, ``dR += s dS K`` (atomics),
@@ -383,17 +390,14 @@ def _score_grad(p, do, values, delta, PRECISION: tl.constexpr,
 
 
 @triton.jit
-def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-           num_blocks, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-           BLOCK_D: tl.constexpr):
-    """The ``BLOCK_M`` slots of this program (grid: group, ``BLOCK_M``
-    slots; ``BLOCK_M`` divides the layout's ``BLOCK``): its group, its
-    expert (-1 when the slots hold no query: an unused block, or the empty
-    end of an expert's last block, as its queries fill its slots first),
-    its queries' rows (int64, 0 where empty) and mask, the head-dim offsets
-    and mask, and the queries."""
-    g = tl.program_id(0)
-    tile = tl.program_id(1)
+def _block(Q, SLOTS, BLOCK_EXPERT, g, tile, heads, sqb, sqh, sqn, d,
+           slots_per_group, num_blocks, BLOCK: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The ``BLOCK_M`` slots ``tile`` of group ``g`` (``BLOCK_M`` divides
+    the layout's ``BLOCK``): their expert (-1 when the slots hold no query:
+    an unused block, or the empty end of an expert's last block, as its
+    queries fill its slots first), their queries' rows (int64, 0 where
+    empty) and mask, the head-dim offsets and mask, and the queries."""
     expert = tl.load(BLOCK_EXPERT + g * num_blocks + tile * BLOCK_M // BLOCK)
     first = SLOTS + g.to(tl.int64) * slots_per_group + tile * BLOCK_M
     expert = tl.where(tl.load(first) < 0, -1, expert)
@@ -403,7 +407,7 @@ def _block(Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
     offs_d, d_mask = _head_dim(d, BLOCK_D)
     q = _load_rows(Q + _group_base(g, heads, sqb, sqh), rows, row_mask, sqn,
                    offs_d, d_mask)
-    return g, expert, rows, row_mask, offs_d, d_mask, q
+    return expert, rows, row_mask, offs_d, d_mask, q
 
 
 @triton.jit
@@ -975,9 +979,10 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Output and log-sum-exp (base 2) of the queries of ``BLOCK_M``
     slots."""
-    g, expert, rows, row_mask, offs_d, d_mask, q = _block(
-        Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-        num_blocks, BLOCK, BLOCK_M, BLOCK_D)
+    g = tl.program_id(0)
+    expert, rows, row_mask, offs_d, d_mask, q = _block(
+        Q, SLOTS, BLOCK_EXPERT, g, tl.program_id(1), heads, sqb, sqh, sqn, d,
+        slots_per_group, num_blocks, BLOCK, BLOCK_M, BLOCK_D)
     if expert < 0:
         return
     m_i = tl.full([BLOCK_M], -float('inf'), tl.float32)
@@ -1010,54 +1015,125 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
     tl.store(LSE + out_rows, m_i + tl.log2(l_i), mask=row_mask)
 
 
+@triton.jit
+def _tile_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g, tile, n,
+              m, k, d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
+              slots_per_group, num_blocks, qk_scale, rl_scale, DO, DQ_ACC,
+              DK_ACC, DV_ACC, DR, DVT, r_offs, r_mask, l_mask, d_marks,
+              d_shared, sob, soh, son, scale, BLOCK: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, SUM_LANDMARKS: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The backward of the ``BLOCK_M`` slots ``tile`` of group ``g``: their
+    ``dq`` (float32, stored), their routed keys' ``dk``, ``dv`` (float32,
+    added atomically) and the compressed keys' ``dR``, ``dVt``: with
+    ``SUM_LANDMARKS``, every landmark in one tile (rows ``r_offs`` of R and
+    Vt, read again a tile, from cache, rather than held in registers),
+    added into the program's ``d_marks``, ``d_shared``, which it returns;
+    else in tiles of ``BLOCK_N``, added atomically into ``DR``, ``DVT``."""
+    expert, rows, row_mask, offs_d, d_mask, q = _block(
+        Q, SLOTS, BLOCK_EXPERT, g, tile, heads, sqb, sqh, sqn, d,
+        slots_per_group, num_blocks, BLOCK, BLOCK_M, BLOCK_D)
+    if expert >= 0:
+        do = _load_rows(DO + _group_base(g, heads, sob, soh), rows, row_mask,
+                        son, offs_d, d_mask)
+        out_rows = g.to(tl.int64) * n + rows
+        o_offs, o_mask = _row_offsets(out_rows, row_mask, d, offs_d, d_mask)
+        out = tl.load(OUT + o_offs, mask=o_mask, other=0.0)
+        delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
+        lse = tl.load(LSE + out_rows, mask=row_mask, other=0.0)
+        # Compressed keys: dq += s^2 dS R, dR += s^2 dS^T q, dVt += P^T dO.
+        if SUM_LANDMARKS:  # summed over the program's tiles, whatever expert
+            marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
+            shared_values = tl.load(VT + r_offs, mask=r_mask, other=0.0)
+            p_c = _probs(q, marks, lse, row_mask[:, None] & l_mask[None, :],
+                         rl_scale, PRECISION, UPCAST)
+            ds_c = _score_grad(p_c, do, shared_values, delta, PRECISION,
+                               UPCAST) * (scale * scale)
+            dq = _dot(_cast(ds_c, marks.dtype, UPCAST), marks, PRECISION,
+                      UPCAST)
+            d_marks += _dot(_cast(tl.trans(ds_c), q.dtype, UPCAST), q,
+                            PRECISION, UPCAST)
+            d_shared += _dot(_cast(tl.trans(p_c), do.dtype, UPCAST), do,
+                             PRECISION, UPCAST)
+        else:
+            dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for n0 in range(0, m, BLOCK_N):
+                marks, values, n_mask, c_offs, c_mask = _compressed_keys(
+                    R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
+                p = _probs(q, marks, lse,
+                           row_mask[:, None] & n_mask[None, :], rl_scale,
+                           PRECISION, UPCAST)
+                ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * (
+                    scale * scale)
+                dq += _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION,
+                           UPCAST)
+                _add_key_grads(DR, DVT, c_offs, c_mask, ds, p, q, do,
+                               PRECISION, UPCAST)
+        # Routed keys of this expert: their dk, dv added atomically (a key
+        # may be routed by several experts, an expert span several blocks).
+        k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
+        topk_e = TOPK + (g * m + expert).to(tl.int64) * k  # the expert's row
+        for n0 in range(0, k, BLOCK_N):
+            n_mask, key_rows, keys, values = _routed_keys(
+                topk_e, k_base, v_base, n0, k, skn, svn, offs_d, d_mask,
+                BLOCK_N)
+            p = _probs(q, keys, lse, row_mask[:, None] & n_mask[None, :],
+                       qk_scale, PRECISION, UPCAST)
+            ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * scale
+            dq += _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST)
+            kv_offs, kv_mask = _row_offsets(
+                g.to(tl.int64) * n + key_rows, n_mask, d, offs_d, d_mask)
+            _add_key_grads(DK_ACC, DV_ACC, kv_offs, kv_mask, ds, p, q, do,
+                           PRECISION, UPCAST)
+        tl.store(DQ_ACC + o_offs, dq, mask=o_mask)
+    return d_marks, d_shared
+
+
 @triton.jit(do_not_specialize=['n', 'k', 'slots_per_group', 'num_blocks'])
 def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                  d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
                  slots_per_group, num_blocks, qk_scale, rl_scale, DO, DQ_ACC,
                  DK_ACC, DV_ACC, DR, DVT, sob, soh, son, scale,
                  BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, M_PAD: tl.constexpr,
+                 BLOCK_D: tl.constexpr, SUM_LANDMARKS: tl.constexpr,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Gradients through the expert attention of ``BLOCK_M`` slots:
-    ``dq`` (float32, stored), and ``dR``, ``dVt`` and the routed keys'
-    ``dk``, ``dv`` (float32, added atomically)."""
-    g, expert, rows, row_mask, offs_d, d_mask, q = _block(
-        Q, SLOTS, BLOCK_EXPERT, heads, sqb, sqh, sqn, d, slots_per_group,
-        num_blocks, BLOCK, BLOCK_M, BLOCK_D)
-    if expert < 0:
-        return
-    do = _load_rows(DO + _group_base(g, heads, sob, soh), rows, row_mask, son,
-                    offs_d, d_mask)
-    out_rows = g.to(tl.int64) * n + rows
-    o_offs, o_mask = _row_offsets(out_rows, row_mask, d, offs_d, d_mask)
-    out = tl.load(OUT + o_offs, mask=o_mask, other=0.0)
-    delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
-    lse = tl.load(LSE + out_rows, mask=row_mask, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(0, m, BLOCK_N):
-        marks, values, n_mask, r_offs, r_mask = _compressed_keys(
-            R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
-        p = _probs(q, marks, lse, row_mask[:, None] & n_mask[None, :],
-                   rl_scale, PRECISION, UPCAST)
-        ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * (
-            scale * scale)
-        dq += _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION, UPCAST)
-        _add_key_grads(DR, DVT, r_offs, r_mask, ds, p, q, do, PRECISION,
-                       UPCAST)
-    k_base, v_base = _kv_bases(K, V, g, heads, skb, skh, svb, svh)
-    topk_e = TOPK + (g * m + expert).to(tl.int64) * k  # the expert's row
-    for n0 in range(0, k, BLOCK_N):
-        n_mask, key_rows, keys, values = _routed_keys(
-            topk_e, k_base, v_base, n0, k, skn, svn, offs_d, d_mask, BLOCK_N)
-        p = _probs(q, keys, lse, row_mask[:, None] & n_mask[None, :], qk_scale,
-                   PRECISION, UPCAST)
-        ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * scale
-        dq += _dot(_cast(ds, keys.dtype, UPCAST), keys, PRECISION, UPCAST)
-        kv_offs, kv_mask = _row_offsets(
-            g.to(tl.int64) * n + key_rows, n_mask, d, offs_d, d_mask)
-        _add_key_grads(DK_ACC, DV_ACC, kv_offs, kv_mask, ds, p, q, do,
-                       PRECISION, UPCAST)
-    tl.store(DQ_ACC + o_offs, dq, mask=o_mask)
+    """Gradients through the expert attention of the group's ``BLOCK_M``
+    slot tiles ``part, part + parts, ..`` (grid: group, parts; strided, so
+    the tiles of unused blocks, at the layout's end, are shared out): per
+    tile ``dq`` (float32, stored) and the routed keys' ``dk``, ``dv``
+    (float32, added atomically); the compressed keys' ``dR``, ``dVt``
+    (float32, added atomically) with ``SUM_LANDMARKS`` summed over the
+    program's tiles in registers and added once (``parts`` adds a
+    landmark, not one a tile), else added a tile."""
+    g = tl.program_id(0)
+    part, parts = tl.program_id(1), tl.num_programs(1)
+    tiles = slots_per_group // BLOCK_M
+    if SUM_LANDMARKS:
+        offs_d, d_mask = _head_dim(d, BLOCK_D)
+        r_offs, r_mask, l_mask = _landmark_rows(g, tl.arange(0, M_PAD), m, d,
+                                                offs_d, d_mask)
+        d_marks = tl.zeros([M_PAD, BLOCK_D], tl.float32)
+        d_shared = tl.zeros([M_PAD, BLOCK_D], tl.float32)
+        for tile in range(part, tiles, parts):
+            d_marks, d_shared = _tile_bwd(
+                Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g, tile,
+                n, m, k, d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh,
+                svn, slots_per_group, num_blocks, qk_scale, rl_scale, DO,
+                DQ_ACC, DK_ACC, DV_ACC, DR, DVT, r_offs, r_mask, l_mask,
+                d_marks, d_shared, sob, soh, son, scale, BLOCK, BLOCK_M,
+                BLOCK_N, BLOCK_D, SUM_LANDMARKS, PRECISION, UPCAST)
+        _add(DR + r_offs, d_marks, r_mask)
+        _add(DVT + r_offs, d_shared, r_mask)
+    else:
+        for tile in range(part, tiles, parts):
+            _tile_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g,
+                      tile, n, m, k, d, heads, sqb, sqh, sqn, skb, skh, skn,
+                      svb, svh, svn, slots_per_group, num_blocks, qk_scale,
+                      rl_scale, DO, DQ_ACC, DK_ACC, DV_ACC, DR, DVT, 0, 0, 0,
+                      0.0, 0.0, sob, soh, son, scale, BLOCK, BLOCK_M, BLOCK_N,
+                      BLOCK_D, SUM_LANDMARKS, PRECISION, UPCAST)
 
 
 @triton.jit(do_not_specialize=['n'])
@@ -1232,6 +1308,13 @@ class _Config:
         self.precision = 'ieee' if dtype == torch.float32 else 'tf32'
         self.upcast = interpreted() and dtype == torch.bfloat16
         self.options = {}
+        # The experts' backward sums dR, dVt over a program's tiles in
+        # registers (two [M_PAD, BLOCK_D] float32 tiles beside its own): on
+        # sm_90 in 16 bits with head_dim <= 64, on 8 warps, the one target
+        # where it compiles without spills (sm_80 and sm_89 spill 16 to 324
+        # bytes, head_dim 128 up to 1068); elsewhere a tile adds its own.
+        self.sum_landmarks = arch is None or (
+            arch == 90 and self.block_d <= 64 and dtype != torch.float32)
         if arch is None:  # small blocks: the interpreter runs them in numpy
             self.block = self.block_m = self.block_m_bwd = 16
             self.block_n = self.block_n_bwd = self.keys_n = 16
@@ -1265,6 +1348,12 @@ class _Config:
                            num_stages=1, maxnreg=MAX_REGISTERS))
         self.num_blocks = n // self.block + min(m, n)
         self.slots = self.block * self.num_blocks
+        # Programs of the experts' backward per group, each taking every
+        # parts-th slot tile: two waves (3 in the interpreter: tiles left
+        # over), as few as a program's dR, dVt adds allow.
+        tiles = self.slots // self.block_m_bwd
+        self.bwd_parts = min(tiles, 3 if arch is None else _cdiv(
+            programs, groups))
 
     def _gpu_tiles(self, n: int, m: int, dtype: torch.dtype, arch: int):
         # Blocks no larger than the mean expert (N / m queries). float32
@@ -1282,6 +1371,8 @@ class _Config:
         # register of a thread and spill under triton 3.8 and 3.9).
         self.block_m_bwd = self.block if self.block_d <= 64 else min(
             self.block, 32)
+        if arch == 80:  # 128 queries, looped over, spill under triton 3.9
+            self.block_m_bwd = min(self.block_m_bwd, 64)  # (on 8 warps)
         self.block_n = min(64 if self.block_d <= 64 else 32, largest)
         self.block_n_bwd = 32
         self.keys_n = self.block_n
@@ -1302,9 +1393,16 @@ class _Config:
             stages = (2, 2, 2, 2)
         else:
             # The keys pass on sm_89 (and any other target): 8 warps (4
-            # spill its top-k fold).
-            warps = (warps if arch in (80, 90) else 8, warps,
-                     8 if self.block_m_bwd > 64 else warps,
+            # spill its top-k fold). The experts forward's tiles of 32
+            # queries on 2 warps, 16 rows a warp (4 issue 1.3x the
+            # instructions in all: 15.2 -> 11.7 us at N = 1025 on sm_90; 64
+            # queries on 2 spill). The experts backward on 8 where it sums
+            # dR, dVt, above 64 queries, and on sm_80 at 64 (4 spill).
+            fwd_warps = (2 if self.block_m <= 32 and self.block_d <= 64 else
+                         warps)
+            bwd_warps = (8 if self.sum_landmarks or self.block_m_bwd > 64 or
+                         (arch == 80 and self.block_m_bwd == 64) else warps)
+            warps = (warps if arch in (80, 90) else 8, fwd_warps, bwd_warps,
                      8 if self.shared_n > 64 else warps)
             stages = _STAGES.get(arch, _STAGES[89])
         self.options = dict(
@@ -1321,9 +1419,12 @@ class _Config:
         # ptxas's choice (a cap there makes it trade occupancy for
         # registers, and spills _experts_bwd at head_dim 64 on sm_89).
         # (_merge's cap is set with its warps, once the splits are known.)
+        # So does _experts_bwd where its program holds its dR, dVt sums.
         for options in self.options.values():
             if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
+        if self.sum_landmarks:
+            self.options['experts_bwd']['maxnreg'] = MAX_REGISTERS
         if arch == 80:  # ptxas 12.9 (triton 3.9) held it at 168 and spilled
             self.options['keys']['maxnreg'] = MAX_REGISTERS
 
@@ -1377,7 +1478,7 @@ class _Config:
             keys=self.splits,
             merge=max(self.m, self.splits),
             experts_fwd=self.slots // self.block_m,
-            experts_bwd=self.slots // self.block_m_bwd,
+            experts_bwd=self.bwd_parts,
             shared_bwd=_cdiv(self.n, self.shared_n),
             pool_bwd=_cdiv(self.n, self.pool_n))
         return self.groups, per_group[kernel]
@@ -1577,7 +1678,8 @@ def _backward(grad_out, q, k, v, out, lse, landmarks, shared_values,
                      block_expert, out, lse, cfg),
         grad_out, dq_sum, dk_sum, dv_sum, d_marks, d_shared,
         *_strides(grad_out), scale, BLOCK=cfg.block, BLOCK_M=cfg.block_m_bwd,
-        BLOCK_N=cfg.block_n_bwd, BLOCK_D=cfg.block_d, PRECISION=cfg.precision,
+        BLOCK_N=cfg.block_n_bwd, M_PAD=cfg.m_pad, BLOCK_D=cfg.block_d,
+        SUM_LANDMARKS=cfg.sum_landmarks, PRECISION=cfg.precision,
         UPCAST=cfg.upcast, **cfg.launch('experts_bwd'))
     _shared_bwd[cfg.grid('shared_bwd')](
         k, v, landmarks, shared_values, lse_shared, d_marks, d_shared, dk_sum,

@@ -91,6 +91,29 @@ def test_masked_atomic_lanes_move_no_bytes(toy, monkeypatch):
     assert got['memory_s'] == pytest.approx(traffic / 4.8e12)
 
 
+def test_experts_backward_shares_out_its_tiles():
+    # N = 1025, m = k = 49 (21 queries an expert: one tile of 32 each),
+    # 81 blocks of 32 slots, 6 programs a group: 49 tiles hold queries,
+    # 49 / 6 a program; per tile 49 routed rows of 2 x 32 atomically added,
+    # per program 49 landmark rows of 64.
+    launch = dict(args=dict(
+        n=1025, m=49, k=49, d=64, BLOCK_D=64, BLOCK_M=32, BLOCK_N=32,
+        M_PAD=64, slots_per_group=81 * 32, SUM_LANDMARKS=True),
+        grid=[48, 6, 1])
+    model = kernels.KERNELS['_experts_bwd']
+    args = kernels.Args(launch)
+    assert model.trips(args) == [pytest.approx(49 / 6), 2]
+    tiles = 49 / 6
+    assert model.atomic_share(args) == pytest.approx(
+        (tiles * 49 + 49) / (tiles * 64 + 64))
+    # dR, dVt added a tile: the compressed keys' loop too, 49 + 49 rows of
+    # 2 x 32 a tile.
+    launch['args']['SUM_LANDMARKS'] = False
+    args = kernels.Args(launch)
+    assert model.trips(args) == [pytest.approx(49 / 6), 2, 2]
+    assert model.atomic_share(args) == pytest.approx(98 / 128)
+
+
 def test_small_grids_get_a_share_of_the_bandwidth(toy):
     launch = _launch([33, 1, 1], [_region([], 1), _region([0], 1)])
     got = kernels.estimate(launch, toy, 1e6)
