@@ -71,12 +71,12 @@ log-sum-exp), THREE launches after ONE zero-filled float32 buffer:
    dO``; routed keys: ``dq += s dS K``, ``dk += s dS^T q``, ``dv += P^T
    dO`` (atomics: a key may be routed by several experts, an expert span
    several blocks). ``dq`` (float32) is stored. ``dR``, ``dVt``
-   (float32): with ``SUM_LANDMARKS`` (sm_90, 16 bits, head_dim <= 64: the
-   target whose registers hold it) every landmark in one tile, summed in
-   registers over the program's tiles (every query attends to every
-   landmark, so the sums run across experts) and added once at its end
-   (``P`` atomic adds a landmark and group: 6 instead of 49 at N = 1025);
-   else added atomically a tile;
+   (float32): with ``SUM_LANDMARKS`` (sm_90, 16 bits, head_dim <= 64,
+   experts of at most 64 queries: where registers hold it) every landmark
+   in one tile, summed in registers over the program's tiles (every query
+   attends to every landmark, so the sums run across experts) and added
+   once at its end (``P`` atomic adds a landmark and group: 6 instead of
+   49 at N = 1025); else added atomically a tile;
 2. ``_shared_bwd``, one program per (group, key block): the shared
    expert's backward from its saved log-sum-exp,
    ``dS = P (dVt V^T - rowsum(dVt * Vt))``, ``dR += s dS K`` (atomics),
@@ -1310,11 +1310,14 @@ class _Config:
         self.options = {}
         # The experts' backward sums dR, dVt over a program's tiles in
         # registers (two [M_PAD, BLOCK_D] float32 tiles beside its own): on
-        # sm_90 in 16 bits with head_dim <= 64, on 8 warps, the one target
-        # where it compiles without spills (sm_80 and sm_89 spill 16 to 324
-        # bytes, head_dim 128 up to 1068); elsewhere a tile adds its own.
+        # sm_90 in 16 bits with head_dim <= 64 and tiles of at most 64
+        # queries (experts of N / m <= 64), on 8 warps, where it compiles
+        # without spills under triton 3.6 to 3.9 (sm_80 and sm_89 spill 16
+        # to 324 bytes, head_dim 128 up to 1068, tiles of 128 on sm_90 68
+        # under 3.7.1); elsewhere a tile adds its own.
         self.sum_landmarks = arch is None or (
-            arch == 90 and self.block_d <= 64 and dtype != torch.float32)
+            arch == 90 and self.block_d <= 64 and dtype != torch.float32 and
+            _cdiv(n, m) <= 64)
         if arch is None:  # small blocks: the interpreter runs them in numpy
             self.block = self.block_m = self.block_m_bwd = 16
             self.block_n = self.block_n_bwd = self.keys_n = 16
