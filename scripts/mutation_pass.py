@@ -195,7 +195,10 @@ MUTATIONS = [
      "    '_codecs.encode': _encode,", "    # '_codecs.encode': _encode,",
      ATTACK_TEST),
     ('checkpoint loader: quantized tensor larger than its storage', SCAN,
-     '    if nbytes > storage.nbytes:', '    if False:', ATTACK_TEST),
+     '        torch._utils._element_size(storage.dtype)\n'
+     '    if nbytes > storage.nbytes:',
+     '        torch._utils._element_size(storage.dtype)\n    if False:',
+     ATTACK_TEST),
     ('checkpoint loader: numpy dtype state not checked', ALLOWED,
      '        if not (type(state) is tuple and len(state) == 8',
      '        if False and not (type(state) is tuple and len(state) == 8',
@@ -211,7 +214,7 @@ MUTATIONS = [
      '    if owner is _PendingHistoryBuffer and name in STATISTICS:',
      '    if owner is _PendingHistoryBuffer:', ATTACK_TEST),
     ('checkpoint loader: pending objects not resolved', LOADER,
-     '    loaded = resolve(loaded)', '    loaded = loaded',
+     '    return resolve(loaded)', '    return loaded',
      ['tests/test_checkpoint_formats.py']),
     ('checkpoint loader: a tensor view not bounded by its storage', SCAN,
      "    nbytes = _numel(size, 'a tensor') * "
