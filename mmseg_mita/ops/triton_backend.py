@@ -1126,7 +1126,7 @@ def _experts_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
                 BLOCK_N, BLOCK_D, SUM_LANDMARKS, PRECISION, UPCAST)
         _add(DR + r_offs, d_marks, r_mask)
         _add(DVT + r_offs, d_shared, r_mask)
-    else:
+    else:  # each tile adds its dR, dVt: no offsets nor sums to pass (0)
         for tile in range(part, tiles, parts):
             _tile_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g,
                       tile, n, m, k, d, heads, sqb, sqh, sqn, skb, skh, skn,
