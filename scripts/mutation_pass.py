@@ -549,8 +549,8 @@ MUTATIONS = [
     ("Triton experts backward: dVt of the program's last tile only", TRITON,
      '        d_shared += _dot(', '        d_shared = _dot(', TRITON_REF),
     ('Triton experts backward: the compressed dq without dS R', TRITON,
-     '        dq = _dot(_cast(ds_c, marks.dtype, UPCAST), marks, PRECISION,',
-     '        dq = 0.0 * _dot(_cast(ds_c, marks.dtype, UPCAST), marks,'
+     '    return p, ds, _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION,',
+     '    return p, ds, 0.0 * _dot(_cast(ds, marks.dtype, UPCAST), marks,'
      ' PRECISION,', TRITON_REF),
     ('Triton experts backward: one program a group on a GPU', TRITON,
      '        self.bwd_parts = min(tiles, 3 if arch is None else _cdiv(',

@@ -1016,6 +1016,18 @@ def _experts_fwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, n, m, k,
 
 
 @triton.jit
+def _compressed_grads(q, do, marks, values, lse, delta, pair_mask, rl_scale,
+                      scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Through the compressed keys ``marks`` (values ``values``) of the
+    queries ``q``: their probabilities ``P``, score gradients ``dS`` (the
+    logits' ``s^2`` included) and ``dS R``, the queries' part of ``dq``."""
+    p = _probs(q, marks, lse, pair_mask, rl_scale, PRECISION, UPCAST)
+    ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * (scale * scale)
+    return p, ds, _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION,
+                       UPCAST)
+
+
+@triton.jit
 def _tile_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g, tile, n,
               m, k, d, heads, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
               slots_per_group, num_blocks, qk_scale, rl_scale, DO, DQ_ACC,
@@ -1045,13 +1057,10 @@ def _tile_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g, tile, n,
         # Compressed keys: dq += s^2 dS R, dR += s^2 dS^T q, dVt += P^T dO.
         if SUM_LANDMARKS:  # summed over the program's tiles, whatever expert
             marks = tl.load(R + r_offs, mask=r_mask, other=0.0)
-            shared_values = tl.load(VT + r_offs, mask=r_mask, other=0.0)
-            p_c = _probs(q, marks, lse, row_mask[:, None] & l_mask[None, :],
-                         rl_scale, PRECISION, UPCAST)
-            ds_c = _score_grad(p_c, do, shared_values, delta, PRECISION,
-                               UPCAST) * (scale * scale)
-            dq = _dot(_cast(ds_c, marks.dtype, UPCAST), marks, PRECISION,
-                      UPCAST)
+            p_c, ds_c, dq = _compressed_grads(
+                q, do, marks, tl.load(VT + r_offs, mask=r_mask, other=0.0),
+                lse, delta, row_mask[:, None] & l_mask[None, :], rl_scale,
+                scale, PRECISION, UPCAST)
             d_marks += _dot(_cast(tl.trans(ds_c), q.dtype, UPCAST), q,
                             PRECISION, UPCAST)
             d_shared += _dot(_cast(tl.trans(p_c), do.dtype, UPCAST), do,
@@ -1061,13 +1070,11 @@ def _tile_bwd(Q, K, V, R, VT, TOPK, SLOTS, BLOCK_EXPERT, OUT, LSE, g, tile, n,
             for n0 in range(0, m, BLOCK_N):
                 marks, values, n_mask, c_offs, c_mask = _compressed_keys(
                     R, VT, g, n0, m, d, offs_d, d_mask, BLOCK_N)
-                p = _probs(q, marks, lse,
-                           row_mask[:, None] & n_mask[None, :], rl_scale,
-                           PRECISION, UPCAST)
-                ds = _score_grad(p, do, values, delta, PRECISION, UPCAST) * (
-                    scale * scale)
-                dq += _dot(_cast(ds, marks.dtype, UPCAST), marks, PRECISION,
-                           UPCAST)
+                p, ds, dq_c = _compressed_grads(
+                    q, do, marks, values, lse, delta,
+                    row_mask[:, None] & n_mask[None, :], rl_scale, scale,
+                    PRECISION, UPCAST)
+                dq += dq_c
                 _add_key_grads(DR, DVT, c_offs, c_mask, ds, p, q, do,
                                PRECISION, UPCAST)
         # Routed keys of this expert: their dk, dv added atomically (a key
