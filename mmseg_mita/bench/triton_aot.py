@@ -295,8 +295,7 @@ def _jit_functions(jit) -> list:
     if registry is not None:
         return list(registry.values())
     from mmseg_mita.ops import triton_backend
-    return [fn for fn in vars(triton_backend).values()
-            if isinstance(fn, jit.JITFunction)]
+    return list(triton_backend.KERNEL_FUNCTIONS)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from mmseg_mita.ops.torch_backend import attend_experts
 pytest.importorskip(
     'triton', reason='triton is a test dependency: pip install triton')
 from mmseg_mita.ops import triton_backend  # noqa: E402
+from mmseg_mita.ops.triton_backend import custom_ops, settings  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(
@@ -61,14 +62,14 @@ def gpu_tiles(monkeypatch):
         def config(q, m, k):
             b, heads, n, d = q.shape
             part = hardware.PARTS[hardware.REFERENCE_PART[arch]]
-            cfg = triton_backend._Config(n, m, d, min(k, n), b * heads, dtype,
+            cfg = triton_backend.Config(n, m, d, min(k, n), b * heads, dtype,
                                          arch, part.sms)
             cfg.precision, cfg.upcast = 'ieee', False
             if merge_warps is not None:
                 cfg.options['merge']['num_warps'] = merge_warps
             return cfg
 
-        monkeypatch.setattr(triton_backend, '_config', config)
+        monkeypatch.setattr(settings, 'call_config', config)
 
     return use
 
@@ -353,14 +354,14 @@ def chunking(monkeypatch):
     tokens in groups of ``2**log_g`` (the interpreter's tiles otherwise)."""
 
     def use(log_c, log_g):
-        config = triton_backend._config
+        config = settings.call_config
 
         def forced(q, m, k):
             cfg = config(q, m, k)
             cfg.log_c, cfg.log_g = log_c, log_g
             return cfg
 
-        monkeypatch.setattr(triton_backend, '_config', forced)
+        monkeypatch.setattr(settings, 'call_config', forced)
 
     return use
 
@@ -459,18 +460,18 @@ def test_small_tiles_take_fewer_warps_on_larger_grids(n, m, groups, warps):
     # bounds: 16 x 66 programs are 8 an SM, 16 x 65 fewer; 8 x 66 are 4.
     # With a fused top-k (k = 49) the merge takes 1 warp (its folds of 64
     # keys, 2 a lane, would be repeated or split by more).
-    cfg = triton_backend._Config(n, m, 64, 80, groups, torch.bfloat16, 90)
+    cfg = triton_backend.Config(n, m, 64, 80, groups, torch.bfloat16, 90)
     assert cfg.grid('merge')[1] == m and not cfg.fused_topk
     assert cfg.options['merge']['num_warps'] == cfg.sort_rows == warps
     assert cfg.options['pool']['num_warps'] == warps
-    fused = triton_backend._Config(n, m, 64, 49, groups, torch.bfloat16, 90)
+    fused = triton_backend.Config(n, m, 64, 49, groups, torch.bfloat16, 90)
     assert fused.options['merge']['num_warps'] == fused.sort_rows == 1
 
 
 def test_every_launch_fills_an_h200_at_65537_tokens():
     # N = 65537, 6 heads, batch 1, m = k = 49: at least one wave of
     # programs (132 SMs) per launch.
-    cfg = triton_backend._Config(65537, 49, 64, 49, 6, torch.bfloat16, 90)
+    cfg = triton_backend.Config(65537, 49, 64, 49, 6, torch.bfloat16, 90)
     for kernel in triton_backend.KERNELS:
         grid = cfg.grid(kernel)
         assert grid[0] * grid[1] >= 132, (kernel, grid)
@@ -593,8 +594,8 @@ def test_no_host_synchronisation(monkeypatch):
         return run
 
     for name in ('_forward', '_backward'):
-        monkeypatch.setattr(triton_backend, name,
-                            under_mode(getattr(triton_backend, name)))
+        monkeypatch.setattr(custom_ops, name,
+                            under_mode(getattr(custom_ops, name)))
     q, k, v = (
         t.detach().float().requires_grad_() for t in random_qkv(1, 2, 21, 16))
     with mode:
@@ -613,7 +614,7 @@ def test_head_dim_128_runs_and_float32_dots_are_ieee():
     # The interpreter computes every dot exactly: only the launch settings
     # show a float32 call on tensor-core tf32.
     for arch in (None, 80, 89, 90):
-        cfg = triton_backend._Config(4097, 49, 64, 49, 6, torch.float32, arch)
+        cfg = triton_backend.Config(4097, 49, 64, 49, 6, torch.float32, arch)
         assert cfg.precision == 'ieee'
 
 
@@ -640,7 +641,7 @@ def test_through_the_operator_equals_the_entry_point():
 
 
 def test_cpu_tensors_without_the_interpreter_name_the_fix(monkeypatch):
-    monkeypatch.setattr(triton_backend, 'interpreted', lambda: False)
+    monkeypatch.setattr(settings, 'interpreted', lambda: False)
     q = torch.randn(1, 1, 17, 16)
     with pytest.raises(ValueError, match='TRITON_INTERPRET=1'):
         mita_attention(q, q, q, (4, 4), pool_size=2, topk=3,

@@ -162,8 +162,8 @@ SCRIPT = textwrap.dedent('''
     from mmseg_mita.bench import triton_aot
     from mmseg_mita.ops import triton_backend
 
-    KERNELS = [fn for fn in vars(triton_backend).values()
-               if isinstance(fn, JITFunction)]
+    KERNELS = triton_backend.KERNEL_FUNCTIONS
+    assert all(isinstance(fn, JITFunction) for fn in KERNELS)
 
     def state():
         return (driver._active, compiler.max_shared_mem,
