@@ -67,6 +67,7 @@ TRITON_CHUNKS = [
 TRITON_WAVES = [
     TRITON_TEST_FILE + 'test_every_launch_fills_an_h200_at_65537_tokens'
 ]
+TRITON_KEYS_TILE = [TRITON_TEST_FILE + 'test_keys_pass_tiles_its_landmarks']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
 TORCH_BACKEND = 'mmseg_mita/ops/torch_backend.py'
 EXPORT = 'mmseg_mita/deploy/onnx_export.py'
@@ -607,6 +608,27 @@ MUTATIONS = [
     ('Triton keys pass: one split for any N (no waves)', FUSED_SETTINGS,
      'programs = 8 if arch is None else 2 * sms',
      'programs = 1', TRITON_WAVES),
+    ('Triton keys pass: 16 landmarks a tile on sm_90 too', FUSED_SETTINGS,
+     'self.keys_l = min(self.m_pad, 64) if wide else 16',
+     'self.keys_l = 16', TRITON_KEYS_TILE),
+    ('Triton keys pass: 64 landmark rows a tile whatever m', FUSED_SETTINGS,
+     'self.keys_l = min(self.m_pad, 64) if wide else 16',
+     'self.keys_l = 64 if wide else 16', TRITON_KEYS_TILE),
+    ('Triton keys pass: every landmark a tile at head_dim 128 too',
+     FUSED_SETTINGS, 'self.block_d <= 64 and self.log_c > 0)',
+     'self.block_d <= 128 and self.log_c > 0)', TRITON_KEYS_TILE),
+    ('Triton keys pass: every landmark a tile with chunks of one token too',
+     FUSED_SETTINGS, 'self.block_d <= 64 and self.log_c > 0)',
+     'self.block_d <= 64)', TRITON_KEYS_TILE),
+    ('Triton logits: one 64-row product (a wgmma) in the keys pass',
+     FUSED_TOPK, '    if L == 16:\n', '    if L >= 16:\n',
+     ['tests/ops/test_triton_compile.py::'
+      'test_logits_are_16_row_products_in_both_passes']),
+    ("Triton merge: recomputes the logits on the shared backward's tiles",
+     FUSED_CUSTOM_OPS, 'LOG_REST=cfg.log_rest, LOG_L=_log2(cfg.keys_l),',
+     'LOG_REST=cfg.log_rest, LOG_L=_log2(cfg.block_l),',
+     ['tests/ops/test_triton_compile.py::'
+      'test_merge_recomputes_logits_with_the_keys_pass_product']),
     ('Triton float32 dots on tf32', FUSED_SETTINGS,
      "self.precision = 'ieee' if dtype == torch.float32 else 'tf32'",
      "self.precision = 'tf32'", TRITON_TEST),

@@ -150,6 +150,11 @@ def test_float32_matches_reference(b, h, hw, extra, pool, topk, d, landmarks):
         (90, torch.bfloat16, (1, 1, (12, 11), 1, (2, 2), 12, 96, 'official')),
         # k > 64: R K^T stored, torch.topk.
         (90, torch.bfloat16, (1, 1, (10, 12), 1, (3, 3), 80, 16)),
+        # Chunks of 2 tokens (N = 513, k <= 16): the keys pass's landmarks
+        # in one tile, of 64 rows for m = 49 (15 padding), of 32 for m =
+        # 25; 4 splits.
+        (90, torch.bfloat16, (1, 1, (16, 32), 1, (7, 7), 12, 16)),
+        (90, torch.bfloat16, (1, 1, (16, 32), 0, (5, 5), 9, 16)),
     ])
 def test_gpu_tiles_match_reference(gpu_tiles, arch, dtype, case):
     gpu_tiles(arch, dtype)
@@ -350,15 +355,19 @@ def test_topk_is_the_largest_logits_lower_token_on_ties(gpu_tiles, tiles,
 
 @pytest.fixture
 def chunking(monkeypatch):
-    """``use(log_c, log_g)``: the fused top-k's chunks of ``2**log_c``
-    tokens in groups of ``2**log_g`` (the interpreter's tiles otherwise)."""
+    """``use(log_c, log_g, keys_l=None)``: the fused top-k's chunks of
+    ``2**log_c`` tokens in groups of ``2**log_g`` (and the keys pass's
+    landmarks ``keys_l`` a tile, where given; the interpreter's tiles
+    otherwise)."""
 
-    def use(log_c, log_g):
+    def use(log_c, log_g, keys_l=None):
         config = settings.call_config
 
         def forced(q, m, k):
             cfg = config(q, m, k)
             cfg.log_c, cfg.log_g = log_c, log_g
+            if keys_l is not None:
+                cfg.keys_l = keys_l
             return cfg
 
         monkeypatch.setattr(settings, 'call_config', forced)
@@ -411,15 +420,19 @@ def test_topk_by_chunk_maxima_is_exact(chunking, rows, log_c, log_g):
             range(topk))
 
 
+@pytest.mark.parametrize('pool', [(4, 4), (7, 7)])
 @pytest.mark.parametrize('log_c,log_g', [(0, 2), (2, 2)])
 def test_topk_of_random_logits_is_the_largest(gpu_tiles, chunking, log_c,
-                                              log_g):
+                                              log_g, pool):
     # Random float32 inputs at the GPU's tiles, chunks of 1 token (no
     # recompute) or 4 in groups of 4: the check that test_cuda_backends.py
     # runs on the device, where only the compiled kernels can go wrong.
+    # m = 16 in one tile of the keys pass, m = 49 in one of 64 rows (the
+    # merge recomputes the candidates' logits on as many rows, 16 at a
+    # time, as sm_90 does with chunks of several tokens).
     gpu_tiles(90, torch.bfloat16)
-    chunking(log_c, log_g)
-    hw, pool, topk = (16, 16), (4, 4), 10
+    chunking(log_c, log_g, keys_l=16 if pool == (4, 4) else 64)
+    hw, topk = (16, 16), 10
     q, k, v = (t.detach().float() for t in random_qkv(1, 2, 257, 16))
     res = _fused_forward(q, k, v, hw, 1, pool, topk)
     assert_topk_is_largest(res['landmarks'], k, res['topk_index'])
@@ -603,6 +616,27 @@ def test_no_host_synchronisation(monkeypatch):
         torch.autograd.grad(out.sum(), (q, k, v))
     with pytest.raises(AssertionError, match='nonzero'), mode:
         _call(q, k, v).nonzero()
+
+
+@pytest.mark.parametrize('arch,dtype,n,d,m,rows', [
+    (90, torch.bfloat16, 4097, 64, 49, 64),
+    (90, torch.float16, 4097, 64, 25, 32),
+    (90, torch.bfloat16, 65537, 64, 49, 64),
+    (90, torch.bfloat16, 4097, 64, 6, 16),
+    (90, torch.float32, 4097, 64, 49, 16),
+    (90, torch.bfloat16, 4097, 128, 49, 16),
+    (90, torch.bfloat16, 1025, 64, 49, 16),  # chunks of one token
+    (89, torch.bfloat16, 4097, 64, 49, 16),
+    (80, torch.float16, 4097, 64, 49, 16),
+    (None, torch.bfloat16, 4097, 64, 49, 16),
+])
+def test_keys_pass_tiles_its_landmarks(arch, dtype, n, d, m, rows):
+    # Every landmark in one tile (up to 64) on sm_90 in 16 bits with
+    # head_dim <= 64 and chunks of several tokens (the keys streamed once);
+    # 16 a tile elsewhere.
+    cfg = triton_backend.Config(n, m, d, 49, 48, dtype, arch)
+    assert (cfg.log_c > 0) == (n > 1025)
+    assert cfg.keys_l == rows and cfg.block_l == 16
 
 
 def test_head_dim_128_runs_and_float32_dots_are_ieee():

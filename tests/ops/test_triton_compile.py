@@ -126,6 +126,40 @@ def test_no_spills_or_gpu_scope_fences(compiled, check, case):
     assert not found, f'{check} (bytes a thread, or counts): {found}'
 
 
+@pytest.mark.parametrize('case', _cases())
+def test_merge_recomputes_logits_with_the_keys_pass_product(compiled, case):
+    # The merge's recompute of the best chunks' logits is bit for bit the
+    # keys pass's only with the same product: a tile of as many landmark
+    # rows (every landmark in one tile of 64 on sm_90 in 16 bits with
+    # chunks of several tokens, N > 1025 here; else 16), and 16-row
+    # tensor-core products in both (mma.sync: a 64-row product on 4 warps
+    # would be a wgmma, the merge's one warp cannot run one).
+    launch = {x['name']: x for x in _kernels(compiled, case)}
+    arch, dtype, tokens, head_dim = case
+    rows = 6 if (arch == 90 and dtype != 'float32' and head_dim <= 64 and
+                 tokens > 1025) else 4
+    assert launch['_keys']['args']['LOG_L'] == rows
+    assert launch['_merge']['args']['LOG_L'] == rows
+
+
+@pytest.mark.parametrize('tokens,rows', [(4097, 64), (1025, 16)])
+def test_logits_are_16_row_products_in_both_passes(triton_cache, tokens,
+                                                   rows):
+    # sm_90, bf16: the keys pass's R K^T (tiles of 64 landmarks at 4097, 16
+    # at 1025) and the merge's recompute (of chunks of several tokens) are
+    # both mma.sync m16n8k16
+    # (HMMA.16816; a 64-row tl.dot on 4 warps is a wgmma, HGMMA, which the
+    # merge's one warp cannot run: the two could round differently).
+    result, = compile_isolated([Case(90, 'bfloat16', CallShape(tokens))],
+                               triton_cache, keep_sass=True, timeout=900)
+    launch = {x['name']: x for x in result['launches']}
+    assert launch['_keys']['args']['LOG_L'] == rows.bit_length() - 1
+    assert 'HMMA.16816.F32.BF16' in launch['_keys']['sass']
+    if launch['_merge']['args']['LOG_C'] > 0:  # it recomputes (not at 1025)
+        assert 'HMMA.16816.F32.BF16' in launch['_merge']['sass']
+    assert 'HGMMA' not in launch['_merge']['sass']
+
+
 @pytest.mark.parametrize('case', _cases(select=lambda case: case[2] == 65537))
 def test_grid_fills_one_wave(compiled, case):
     part = hardware.PARTS[hardware.REFERENCE_PART[case[0]]]

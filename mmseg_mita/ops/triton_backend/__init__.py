@@ -8,9 +8,12 @@ Per group ``g = (batch, head)``, ``s = d ** -0.5`` (spec:
    of its bin (PyTorch's adaptive bins, which may overlap) -> ``R``;
 2. ``_keys``, grid (G, S): the tokens in ``S`` splits of ``chunk`` (about
    two waves of programs over the groups, at least two key tiles each).
-   Split ``s`` streams its keys once per tile of 16 landmarks: ``R K^T``
-   feeds a partial online softmax of ``s R K^T`` (the split's output and
-   log-sum-exp, as in flash-decoding) and, per landmark, the largest logit
+   Split ``s`` streams its keys once per tile of landmarks (every
+   landmark in one tile of up to 64 on sm_90 in 16 bits, head_dim <= 64,
+   chunks of several tokens; else 16 a tile: ``Config.keys_l``): ``R
+   K^T`` feeds a partial online
+   softmax of ``s R K^T`` (the split's output and log-sum-exp, as in
+   flash-decoding) and, per landmark, the largest logit
    of each chunk of ``c`` tokens (a split starts and ends on chunk bounds),
    stored as int32 bits that order as the float32 logit (NaN above every
    number, as in ``torch.topk``). Then it routes its own queries,
@@ -53,8 +56,9 @@ tile, the elementwise max with the list, one bitonic merge); at large N
 first the maxima of groups of ``g`` chunks, then the chunks of the best
 ``K_PAD`` groups (the same argument one level up); then it recomputes the
 logits of the best chunks' ``K_PAD c`` tokens with the keys pass's own
-product (bit for bit: a landmark in every row of the same ``tl.dot``) and
-folds their keys. No trip count depends on the data.
+product (bit for bit: a landmark in every row of as many rows as the keys
+pass's tile, in 16-row tensor-core products in both, :func:`~.topk._logits`)
+and folds their keys. No trip count depends on the data.
 
 For ``k > 64`` (:data:`~.settings.TOPK_FUSED_MAX`) ``_keys`` stores ``R K^T``
 (float32 [G, m, N]) instead of the chunk maxima and

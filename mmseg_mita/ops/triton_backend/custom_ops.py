@@ -82,7 +82,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         **_strides('k', k), **_strides('v', v),
         qk_scale=d**-0.5 * LOG2E.value, ROUTE=expert is None,
         FUSED_TOPK=fused, STORE_LOGITS=store_logits,
-        LOG_L=_log2(cfg.block_l), LOG_N=_log2(cfg.keys_n), LOG_C=cfg.log_c,
+        LOG_L=_log2(cfg.keys_l), LOG_N=_log2(cfg.keys_n), LOG_C=cfg.log_c,
         LOG_G=cfg.log_g, BLOCK_Q=cfg.block_q, E_TILE=cfg.e_tile,
         M_PAD=cfg.m_pad, BLOCK_D=cfg.block_d, **exact,
         **cfg.launch('keys'))
@@ -106,7 +106,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, sizes: Sizes,
         FUSED_TOPK=fused, BLOCK=cfg.block, LOG_S=_log2(cfg.block_s),
         BLOCK_I=cfg.block_i, ROWS=cfg.sort_rows, LOG_E=_log2(cfg.e_tile),
         M_PAD=cfg.m_pad, LOG_K=_log2(cfg.k_pad), LOG_C=cfg.log_c,
-        LOG_G=cfg.log_g, LOG_REST=cfg.log_rest, LOG_L=_log2(cfg.block_l),
+        LOG_G=cfg.log_g, LOG_REST=cfg.log_rest, LOG_L=_log2(cfg.keys_l),
         BLOCK_D=cfg.block_d, **exact, **cfg.launch('merge'))
     out = q.new_empty(b, heads, n, d)  # [B, heads, N, d]
     lse = q.new_empty(g, n, dtype=f32)  # [G, N]

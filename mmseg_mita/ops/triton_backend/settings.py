@@ -121,10 +121,23 @@ class Config:
             self.block_q = self.block_i = 64
         else:
             self._gpu_tiles(n, m, dtype, arch)
-        self.block_l = 16  # landmarks per tile of the keys pass
+        self.block_l = 16  # landmarks per tile of the shared backward
         # The fused top-k's chunks of 2**log_c tokens, in groups of
         # 2**log_g (a key tile holds whole groups).
         self.log_c, self.log_g = _chunking(n, self.k_pad, self.keys_n)
+        # Landmarks per tile of the keys pass (and of the merge's recompute
+        # of its logits: the same product, 16 rows at a time). On sm_90 in
+        # 16 bits with head_dim <= 64, chunks of several tokens: all of
+        # them in one tile, up to 64, the keys streamed once instead of
+        # once per 16 landmarks (N = 4097: 8.2 -> 5.6 us in the model,
+        # 65537: 55.3 -> 39.2). Chunks of one token (N = 1025), whose
+        # maxima are a [L, BLOCK_N] tile of their own: 16 (64 spill under
+        # triton 3.6 and 3.9; 32 is slower than 16 under 3.6 and 3.7.1).
+        # Elsewhere 16: 64 spilled on sm_80 (8 to 464 bytes) and sm_89 (56),
+        # and 32 took every register on sm_80.
+        wide = (arch == 90 and dtype != torch.float32 and
+                self.block_d <= 64 and self.log_c > 0)
+        self.keys_l = min(self.m_pad, 64) if wide else 16
         # Splits of the keys pass: two waves of programs over the groups (a
         # few programs in the interpreter, which runs them one by one), at
         # least two key tiles each.

@@ -133,10 +133,21 @@ def _first_rows(x, LOG_R: tl.constexpr, LOG_F: tl.constexpr):
 
 @triton.jit
 def _logits(marks, keys, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """``R K^T`` of landmarks ``marks`` [16, BLOCK_D] and ``keys`` [*,
-    BLOCK_D]: the one product of the keys pass and of the merge, which
-    recomputes the logits of its candidates bit for bit."""
-    return _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+    """``R K^T`` of landmarks ``marks`` [L, BLOCK_D] (L a multiple of 16)
+    and ``keys`` [*, BLOCK_D]: the one product of the keys pass and of the
+    merge, which recomputes the logits of its candidates bit for bit. A
+    batch of 16-row products whatever L: the same tensor-core instruction
+    (mma.sync m16n8k16) in the keys pass's tiles of up to 64 landmarks on
+    4 warps (where a 64-row product would be a wgmma) and in the merge's
+    one warp."""
+    L: tl.constexpr = marks.shape[0]
+    if L == 16:
+        return _dot(marks, tl.trans(keys), PRECISION, UPCAST)
+    T: tl.constexpr = L // 16
+    a = tl.reshape(marks, [T, 16, marks.shape[1]])
+    b = tl.broadcast_to(
+        tl.trans(keys)[None, :, :], [T, keys.shape[1], keys.shape[0]])
+    return tl.reshape(_dot(a, b, PRECISION, UPCAST), [L, keys.shape[0]])
 
 
 @triton.jit
