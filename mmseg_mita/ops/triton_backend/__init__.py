@@ -152,12 +152,14 @@ from .experts_fwd import _experts_fwd
 from .keys import _keys
 from .merge import _merge
 from .pooling import _pool, _pool_bwd
-from .settings import KERNELS, Config, interpreted
+from .settings import Config, interpreted
 
-# The Triton kernels a call launches, in the order of KERNELS (what an
-# ahead-of-time compile records; helpers are inlined into them).
+# The Triton kernels of a forward and a backward, in launch order (what an
+# ahead-of-time compile records; helpers are inlined into them), and their
+# names as Config.grid and Config.launch take them.
 KERNEL_FUNCTIONS = (_pool, _keys, _merge, _experts_fwd, _experts_bwd,
                     _shared_bwd, _pool_bwd)
+KERNELS = tuple(fn.__name__.lstrip('_') for fn in KERNEL_FUNCTIONS)
 
 __all__ = [
     'BACKEND', 'Config', 'KERNELS', 'KERNEL_FUNCTIONS', 'interpreted',

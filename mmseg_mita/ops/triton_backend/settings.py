@@ -76,9 +76,6 @@ def _chunking(n: int, k_pad: int, tile: int) -> Tuple[int, int]:
 _STAGES = {80: (2, 3, 3, 3), 89: (2, 2, 2, 2), 90: (1, 3, 2, 2)}
 # Registers a thread can address (the ISA's limit).
 MAX_REGISTERS = 255
-# The launches of a forward and a backward, in order.
-KERNELS = ('pool', 'keys', 'merge', 'experts_fwd', 'experts_bwd', 'shared_bwd',
-           'pool_bwd')
 
 
 class Config:
@@ -282,7 +279,8 @@ class Config:
         return self.options['merge']['num_warps'] if self.options else 2
 
     def grid(self, kernel: str) -> Tuple[int, int]:
-        """The grid of ``kernel`` (one of :data:`KERNELS`)."""
+        """The grid of ``kernel`` (a name of
+        :data:`mmseg_mita.ops.triton_backend.KERNELS`)."""
         per_group = dict(
             pool=self.m,
             keys=self.splits,
