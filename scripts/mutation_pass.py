@@ -68,6 +68,8 @@ TRITON_WAVES = [
     TRITON_TEST_FILE + 'test_every_launch_fills_an_h200_at_65537_tokens'
 ]
 TRITON_KEYS_TILE = [TRITON_TEST_FILE + 'test_keys_pass_tiles_its_landmarks']
+TRITON_FWD_STAGES = [TRITON_TEST_FILE + 'test_experts_forward_pipelines_'
+                     'only_loops_of_several_trips']
 POOL_CHECK = 'if pool_size[0] > hw[0] or pool_size[1] > hw[1]:'
 TORCH_BACKEND = 'mmseg_mita/ops/torch_backend.py'
 EXPORT = 'mmseg_mita/deploy/onnx_export.py'
@@ -620,6 +622,15 @@ MUTATIONS = [
     ('Triton keys pass: every landmark a tile with chunks of one token too',
      FUSED_SETTINGS, 'self.block_d <= 64 and self.log_c > 0)',
      'self.block_d <= 64)', TRITON_KEYS_TILE),
+    ('Triton experts forward: one stage whatever the trips', FUSED_SETTINGS,
+     'if (arch == 90 and self.block_m > 32 and',
+     'if (True or', TRITON_FWD_STAGES),
+    ('Triton experts forward: the routed keys\' trips left out of its stages',
+     FUSED_SETTINGS, 'max(m, self.k) <= self.block_n):',
+     'm <= self.block_n):', TRITON_FWD_STAGES),
+    ('Triton experts forward: the stages of one trip off by one tile',
+     FUSED_SETTINGS, 'max(m, self.k) <= self.block_n):',
+     'max(m, self.k) < self.block_n):', TRITON_FWD_STAGES),
     ('Triton logits: one 64-row product (a wgmma) in the keys pass',
      FUSED_TOPK, '    if L == 16:\n', '    if L >= 16:\n',
      ['tests/ops/test_triton_compile.py::'
