@@ -643,20 +643,23 @@ def test_keys_pass_tiles_its_landmarks(arch, dtype, n, d, m, rows):
 @pytest.mark.parametrize('n,dtype,m,k,one', [
     (4097, torch.bfloat16, 49, 49, True), (4097, torch.float16, 64, 64, True),
     (4097, torch.bfloat16, 49, 65, False), (8193, torch.bfloat16, 81, 49, False),
-    (1025, torch.bfloat16, 49, 49, False), (4097, torch.float32, 25, 32, False)])
+    (1025, torch.bfloat16, 49, 49, True), (4097, torch.float32, 25, 32, False)])
 def test_experts_forward_pipelines_only_loops_of_several_trips(
         arch, n, dtype, m, k, one):
-    # On sm_90 with tiles of 64 queries (4 warps), one stage where both
-    # loops (m compressed keys, k routed keys) are one tile of BLOCK_N =
-    # 64; the target's stages where either takes two, on 32 queries (N =
-    # 1025, float32), and on sm_80 / sm_89.
+    # In 16 bits, one stage (and the registers ptxas needs for it) where
+    # both loops (m compressed keys, k routed keys) are one tile of BLOCK_N
+    # = 64, on every target, tiles of 32 queries (N = 1025, 2 warps) and
+    # 64 alike; the target's stages where either takes two, and in float32
+    # (tiles of 32 keys).
     cfg = triton_backend.Config(n, m, 64, k, 12, dtype, arch)
     assert cfg.block_n == (32 if dtype == torch.float32 else 64)
     assert (cfg.block_m > 32) == (n > 1025 and dtype != torch.float32)
     table = (2 if dtype == torch.float32 else
              triton_backend.settings._STAGES[arch][1])
-    assert cfg.options['experts_fwd']['num_stages'] == (
-        1 if one and arch == 90 else table)
+    options = cfg.options['experts_fwd']
+    assert options['num_stages'] == (1 if one else table)
+    assert options.get('maxnreg') == (
+        triton_backend.settings.MAX_REGISTERS if one else None)
 
 
 def test_head_dim_128_runs_and_float32_dots_are_ieee():

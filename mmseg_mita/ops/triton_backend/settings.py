@@ -223,14 +223,16 @@ class Config:
         # keys) of one trip each (m, k <= BLOCK_N; 49 in 64 at every shape
         # of the model) have no later trip to prefetch: one stage, not a
         # pipeline prologue that issues the loads of trips that do not run
-        # (in the model on sm_90: 8.2 -> 6.8 us at N = 4097, 42.6 -> 35.6 at
-        # 65537). sm_90 only, tiles of 64 queries on 4 warps: one stage
-        # spilled 4 bytes under triton 3.6 on sm_80 (N = 4097) and with 32
-        # queries on 2 warps on sm_90 (N = 1025, where it would be 12.1 ->
-        # 9.7 us).
-        if (arch == 90 and self.block_m > 32 and
-                max(m, self.k) <= self.block_n):
-            self.options['experts_fwd']['num_stages'] = 1
+        # (in the model on sm_90: 12.1 -> 9.6 us at N = 1025, 8.2 -> 6.7 at
+        # 4097, 42.6 -> 35.2 at 65537), with up to MAX_REGISTERS a thread:
+        # ptxas held one stage at 168 and spilled 4 bytes under triton 3.6
+        # (32 queries on 2 warps on sm_90 at N = 1025, 64 on 4 on sm_80 at
+        # 4097); with the cap lifted it takes 190 and 183. In 16 bits, where
+        # the compile test checks it (float32's tiles of 32 keys take two
+        # trips at m = 49).
+        if dtype != torch.float32 and max(m, self.k) <= self.block_n:
+            self.options['experts_fwd'].update(num_stages=1,
+                                               maxnreg=MAX_REGISTERS)
         # ptxas (a release per triton release) may hold a kernel below the
         # registers it needs, and spill: 128 a thread for a block of 8 warps
         # at head_dim 128 (ptxas 12.9, triton >= 3.8), and for _merge
