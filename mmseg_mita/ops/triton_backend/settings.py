@@ -240,7 +240,8 @@ class Config:
         # ptxas's choice (a cap there makes it trade occupancy for
         # registers, and spills _experts_bwd at head_dim 64 on sm_89).
         # (_merge's cap is set with its warps, once the splits are known.)
-        # So does _experts_bwd where its program holds its dR, dVt sums.
+        # So does _experts_bwd where its program holds its dR, dVt sums, and
+        # _experts_fwd in one stage (above).
         for options in self.options.values():
             if options['num_warps'] == 8 and self.block_d > 64:
                 options['maxnreg'] = MAX_REGISTERS
